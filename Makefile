@@ -1,0 +1,43 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.installed
+
+.PHONY: install browser run test lint bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# torch==2.13.0 first: it takes the CPU wheel on this machine; any looser request would
+# pull the newest CUDA build (several GB). The package's own range is satisfied by it.
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's chromium for the browser tests, installed when missing and we are root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	  else echo "chromium is missing and we are not root: install Debian's chromium to run browser tests"; fi; }
+
+run: install
+	$(VENV)/bin/remat app
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install browser lint
+	$(VENV)/bin/pytest -q
+
+bench: install
+	$(VENV)/bin/remat bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache
