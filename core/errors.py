@@ -1,0 +1,55 @@
+"""Errors a user can act on. Each message says what is wrong and what to do."""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base class for every error Remat Studio raises on purpose."""
+
+
+class UnsupportedModel(RematError):
+    """The model cannot be captured as a static graph of ATen ops."""
+
+    def __init__(self, construct: str, module: str, hint: str = "") -> None:
+        self.construct = construct
+        self.module = module
+        where = f"in module '{module}'" if module else "at the top level of the model"
+        msg = f"cannot trace {construct} {where}"
+        if hint:
+            msg += f": {hint}"
+        super().__init__(msg)
+
+
+class InfeasibleBudget(RematError):
+    """No plan of the asked method fits the budget; `.minimum` is the smallest that does."""
+
+    def __init__(self, budget: int, minimum: int, method: str) -> None:
+        self.budget = budget
+        self.minimum = minimum
+        self.method = method
+        super().__init__(
+            f"no '{method}' plan fits a budget of {fmt_bytes(budget)}; the smallest feasible "
+            f"budget for this method is {fmt_bytes(minimum)} ({minimum} bytes): raise the budget "
+            f"or choose another method"
+        )
+
+
+class PlanMismatch(RematError):
+    """The model or inputs differ from the graph the plan was made for."""
+
+
+class PlanFileError(RematError):
+    """A plan file is truncated, foreign, of a newer format, or unsafe."""
+
+
+class BudgetError(RematError, ValueError):
+    """A budget that is not a number of bytes or a fraction of the store-all peak."""
+
+
+def fmt_bytes(n: float) -> str:
+    """Human-readable bytes, binary units (1 MiB = 2**20 bytes)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,245 @@
+"""The traced step as a graph of compute ops over storages: what solvers, simulator and runtime share.
+
+Memory is owned by storages, not tensors: a view, a `detach`, an in-place op or a `getitem`
+returns a storage that already exists. So each op here is one allocating ATen op together with
+every ATen node that only aliases or mutates what it produced (views, in-place updates,
+getitems), and each value is one storage. Nodes that only alias parameters or buffers (such as
+`t(weight)`) allocate nothing and run once at the start of a step (the prologue).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import cached_property
+
+from core.errors import UnsupportedModel
+from core.trace import Trace
+
+PLACEHOLDER_KINDS = ("param", "state", "input", "tangent")
+
+
+@dataclass
+class Value:
+    """One storage. Placeholders (params, state, inputs, tangents) exist before the step."""
+
+    index: int
+    name: str
+    nbytes: int
+    kind: str  # param | state | input | tangent | activation | temporary | gradient
+    producer: int | None = None  # op that allocates it
+    consumers: tuple[int, ...] = ()  # ops that read it
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.kind in PLACEHOLDER_KINDS
+
+
+@dataclass
+class Op:
+    """One compute op: an allocating ATen node and the nodes that alias or mutate its result."""
+
+    index: int
+    name: str
+    label: str  # e.g. "aten.mm"
+    nodes: tuple[int, ...]  # ATen nodes run, in order
+    inputs: tuple[int, ...]  # values read (never its own outputs)
+    outputs: tuple[int, ...]  # values allocated
+    phase: str  # forward | backward
+    random: bool = False  # replays its random numbers when recomputed
+    state_update: bool = False  # updates model state (batch-norm statistics): once per step
+    time: float = 0.0  # seconds, from the cost model
+
+
+@dataclass
+class Graph:
+    trace: Trace
+    ops: list[Op]
+    values: list[Value]
+    prologue: tuple[int, ...]  # ATen nodes aliasing placeholders only
+    final_values: frozenset[int]  # live at the end of the step: model outputs, gradients
+
+    @cached_property
+    def forward_ops(self) -> list[int]:
+        return [op.index for op in self.ops if op.phase == "forward"]
+
+    @cached_property
+    def backward_ops(self) -> list[int]:
+        return [op.index for op in self.ops if op.phase == "backward"]
+
+    @cached_property
+    def value_nodes(self) -> dict[int, tuple[int, ...]]:
+        """ATen nodes whose results alias each value: dropped together when it is freed."""
+        out: dict[int, list[int]] = {}
+        for op in self.ops:
+            for n in op.nodes:
+                node = self.trace.nodes[n]
+                if len(node.storages) == 1:
+                    out.setdefault(node.storages[0], []).append(n)
+        return {v: tuple(ns) for v, ns in out.items()}
+
+
+def build_graph(trace: Trace) -> Graph:
+    """Fold ATen nodes into ops over storages, classify phases, drop dead nodes."""
+    nodes = trace.nodes
+    values = [
+        Value(index=s, name="", nbytes=b, kind="temporary")
+        for s, b in sorted(trace.storage_bytes.items())
+    ]
+    group_of: dict[int, int] = {}  # aten node -> group
+    owner: dict[int, int] = {}  # storage -> group that allocates it
+    groups: list[list[int]] = []
+    prologue: list[int] = []
+    placeholder_storage: set[int] = set()
+
+    for node in nodes:
+        if node.role != "op":
+            for s in node.storages:
+                placeholder_storage.add(s)
+                values[s].kind, values[s].name = node.role, node.name
+            continue
+        new = [s for s in node.storages if s not in owner and s not in placeholder_storage]
+        joins = {owner[s] for s in node.storages if s in owner}
+        if node.label == "getitem":
+            joins = {group_of[node.reads[0]]}
+        if len(joins) > 1:
+            raise UnsupportedModel(f"the op {node.label} aliasing several tensors", "")
+        if joins:
+            g = joins.pop()
+        elif new or any(w in placeholder_storage for w in _written_storages(trace, node)):
+            g = len(groups)
+            groups.append([])
+        else:
+            prologue.append(node.index)
+            continue
+        groups[g].append(node.index)
+        group_of[node.index] = g
+        for s in new:
+            owner[s] = g
+            values[s].name = node.name
+
+    _check_no_write_after_foreign_read(trace, groups, group_of)
+    ops = _make_ops(trace, groups, owner, placeholder_storage)
+    model_outputs = {nodes[n].storages[0] for n in trace.outputs}
+    final = model_outputs | {nodes[g].storages[0] for g in trace.grads if g is not None}
+    ops = _drop_dead_and_classify(ops, final, model_outputs)
+    for op in ops:
+        for v in op.outputs:
+            values[v].producer = op.index
+            if op.phase == "forward":
+                values[v].kind = "activation"
+        for v in op.inputs:
+            values[v].consumers += (op.index,)
+    for g in trace.grads:
+        if g is not None and not values[nodes[g].storages[0]].is_placeholder:
+            values[nodes[g].storages[0]].kind = "gradient"
+    return Graph(trace, ops, values, tuple(prologue), frozenset(final))
+
+
+def _written_storages(trace: Trace, node) -> list[int]:
+    return [s for w in node.writes for s in trace.nodes[w].storages]
+
+
+def _check_no_write_after_foreign_read(trace: Trace, groups, group_of) -> None:
+    """An in-place op must not change an activation another op already read: ops run as units.
+
+    Model state (buffers) is exempt: it is written once per step, by the forward.
+    """
+    placeholders = {s for n in trace.nodes if n.role != "op" for s in n.storages}
+    first_write: dict[int, int] = {}
+    for node in trace.nodes:
+        for s in _written_storages(trace, node):
+            if s not in placeholders:
+                first_write.setdefault(s, node.index)
+    for node in trace.nodes:
+        for r in node.reads if node.index in group_of else ():
+            for s in trace.nodes[r].storages:
+                w = first_write.get(s)
+                if w is not None and node.index < w and group_of[w] != group_of[node.index]:
+                    raise UnsupportedModel(
+                        f"the in-place op {trace.nodes[w].name} ({trace.nodes[w].label}) on a "
+                        f"tensor that {node.name} read before it",
+                        "",
+                        "use the out-of-place form (x = x + y instead of x += y)",
+                    )
+
+
+def _make_ops(trace: Trace, groups, owner, placeholder_storage) -> list[Op]:
+    nodes = trace.nodes
+    owned: list[list[int]] = [[] for _ in groups]
+    for s, g in owner.items():
+        owned[g].append(s)
+    raw = []
+    for g, members in enumerate(groups):
+        outputs = tuple(sorted(owned[g]))
+        reads = {s for n in members for r in nodes[n].reads for s in nodes[r].storages}
+        writes = {s for n in members for s in _written_storages(trace, nodes[n])}
+        anchor = nodes[members[0]]
+        raw.append(
+            Op(
+                index=-1,
+                name=anchor.name,
+                label=anchor.label,
+                nodes=tuple(members),
+                inputs=tuple(sorted(reads - set(outputs))),
+                outputs=outputs,
+                phase="",
+                random=any(nodes[n].random for n in members),
+                state_update=bool(writes & placeholder_storage),
+            )
+        )
+    return _topological(raw, owner)
+
+
+def _topological(raw: list[Op], owner: dict[int, int]) -> list[Op]:
+    """Order ops so each runs after what it reads; ties keep the traced order."""
+    deps = [{owner[v] for v in op.inputs if v in owner} for op in raw]
+    users: list[list[int]] = [[] for _ in raw]
+    for g, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(g)
+    missing = [len(ds) for ds in deps]
+    heap = [(raw[g].nodes[0], g) for g in range(len(raw)) if missing[g] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, g = heapq.heappop(heap)
+        order.append(g)
+        for u in users[g]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(heap, (raw[u].nodes[0], u))
+    if len(order) != len(raw):
+        raise UnsupportedModel("a cycle between in-place ops", "", "use out-of-place ops")
+    return [raw[g] for g in order]
+
+
+def _drop_dead_and_classify(ops: list[Op], final: set[int], model_outputs: set[int]) -> list[Op]:
+    """Keep the ops the step needs and split them into phases.
+
+    Forward: what the model outputs need, plus random and state-updating ops (they run once,
+    in the forward, in traced order). Everything else is backward, including forward-region
+    ops read only by the backward, so they run lazily when the backward needs them.
+    """
+    producer = {v: i for i, op in enumerate(ops) for v in op.outputs}
+
+    def ancestors(roots: set[int]) -> set[int]:
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            i = stack.pop()
+            if i not in seen:
+                seen.add(i)
+                stack.extend(producer[v] for v in ops[i].inputs if v in producer)
+        return seen
+
+    sticky = {i for i, op in enumerate(ops) if op.random or op.state_update}
+    forward = ancestors(sticky | {producer[v] for v in model_outputs if v in producer})
+    needed = forward | ancestors({producer[v] for v in final if v in producer})
+    out = []
+    for i in sorted(needed):
+        op = ops[i]
+        op.index = len(out)
+        op.phase = "forward" if i in forward else "backward"
+        out.append(op)
+    return out

@@ -1,0 +1,376 @@
+"""Capture the joint forward+backward graph of one training step at ATen level.
+
+The step is `outputs = model(*inputs)` followed by `autograd.grad(outputs, params, tangents)`,
+traced with `make_fx` under fake tensors: no real compute, no real memory, so a model larger
+than this machine can still be analysed. The graph mirrors eager PyTorch op for op (in-place
+`bernoulli_` dropout masks, in-place batch-norm running statistics), which is what makes the
+simulated peak equal the eager peak.
+
+This is the only module that uses private PyTorch APIs (fake tensors, op schemas, pytree
+internals). A torch upgrade should touch this file alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from core.errors import UnsupportedModel
+
+ROLES = ("param", "state", "input", "tangent", "op")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to another node's result inside an op's arguments."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one tensor: what the fingerprint and error messages compare."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorSpec:
+        return TensorSpec(tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+@dataclass
+class AtenNode:
+    """One node of the traced graph: a placeholder (role param/state/input/tangent) or an op."""
+
+    index: int
+    name: str
+    role: str
+    target: Any = None  # the ATen OpOverload, or operator.getitem
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    reads: tuple[int, ...] = ()  # nodes whose results this node reads
+    specs: tuple[TensorSpec, ...] = ()  # tensors it returns
+    storages: tuple[int, ...] = ()  # storage of each returned tensor (aliases share one)
+    writes: tuple[int, ...] = ()  # nodes it mutates in place
+    random: bool = False  # draws from the random generator
+
+    @property
+    def label(self) -> str:
+        """Short op name for people: 'aten.mm', 'getitem', or the placeholder role."""
+        if self.target is None:
+            return self.role
+        if self.target is operator.getitem:
+            return "getitem"
+        return f"aten.{self.target._opname}"
+
+
+@dataclass
+class Trace:
+    """The captured step: nodes in execution order and how they map to the model."""
+
+    nodes: list[AtenNode]
+    storage_bytes: dict[int, int]
+    param_names: list[str]  # trainable parameters, in placeholder order
+    param_specs: list[TensorSpec]
+    state_names: list[str]  # buffers and frozen parameters
+    input_specs: list[TensorSpec]
+    grad_inputs: list[int]  # positions of inputs that require grad
+    outputs: list[int]  # node of each flattened model output
+    output_spec: Any  # pytree spec rebuilding the model's output structure
+    diff_outputs: list[int]  # positions in `outputs` that receive a tangent
+    tangents: list[int]  # tangent placeholder for each of diff_outputs
+    grads: list[int | None]  # gradient node per param, then per grad input (None: unused)
+
+
+def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
+    """Trace one forward+backward of `model` on inputs shaped like `example_inputs`."""
+    inputs = list(example_inputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise UnsupportedModel(
+                f"input {i} of type {type(x).__name__}",
+                "",
+                "pass tensors only; bind other arguments with functools.partial or a wrapper module",
+            )
+    named = list(model.named_parameters())
+    params = [(n, p) for n, p in named if p.requires_grad]
+    state = [(n, p) for n, p in named if not p.requires_grad] + list(model.named_buffers())
+    grad_inputs = [i for i, x in enumerate(inputs) if x.requires_grad]
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with fake_mode:
+        fparams = [_fake(fake_mode, p) for _, p in params]
+        fstate = [_fake(fake_mode, b) for _, b in state]
+        finputs = [_fake(fake_mode, x) for x in inputs]
+
+    def forward(ps, ss, xs):
+        tensors = {n: t for (n, _), t in zip(params, ps)} | {n: t for (n, _), t in zip(state, ss)}
+        return functional_call(model, tensors, tuple(xs))
+
+    with _ModuleScope(model) as scope, fake_mode:
+        out = _guard(scope, lambda: forward(fparams, fstate, finputs))
+        leaves, out_spec = _flatten_output(out, scope)
+        diff = [i for i, t in enumerate(leaves) if t.requires_grad]
+        ftangents = [torch.empty_like(leaves[i]) for i in diff]
+
+    n_p, n_s, n_i = len(params), len(state), len(inputs)
+
+    def step(*flat):
+        ps, ss = flat[:n_p], flat[n_p : n_p + n_s]
+        xs, ts = flat[n_p + n_s : n_p + n_s + n_i], flat[n_p + n_s + n_i :]
+        leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
+        wrt = list(ps) + [xs[i] for i in grad_inputs]
+        grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)
+        return list(leaves), list(grads)
+
+    with _ModuleScope(model) as scope, fake_mode:
+        gm = _guard(scope, lambda: make_fx(step)(*fparams, *fstate, *finputs, *ftangents))
+
+    roles = ["param"] * n_p + ["state"] * n_s + ["input"] * n_i + ["tangent"] * len(diff)
+    nodes, storage_bytes, out_nodes, grad_nodes = _convert(gm.graph, roles)
+    return Trace(
+        nodes=nodes,
+        storage_bytes=storage_bytes,
+        param_names=[n for n, _ in params],
+        param_specs=[TensorSpec.of(p) for _, p in params],
+        state_names=[n for n, _ in state],
+        input_specs=[TensorSpec.of(x) for x in inputs],
+        grad_inputs=grad_inputs,
+        outputs=out_nodes,
+        output_spec=out_spec,
+        diff_outputs=diff,
+        tangents=[i for i, n in enumerate(nodes) if n.role == "tangent"],
+        grads=grad_nodes,
+    )
+
+
+def unflatten_output(leaves: list[Any], spec: Any) -> Any:
+    """Rebuild the model's output structure (tuple, dict, dataclass...) from flat leaves."""
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def aliases_schema_write(target: Any) -> list[tuple[int, str]]:
+    """(position, name) of every argument an op writes in place, from its schema."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return []
+    return [
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    f = mode.from_tensor(t, static_shapes=True)
+    if t.requires_grad and f.is_leaf and not f.requires_grad:
+        f.requires_grad_(True)
+    return f
+
+
+def _flatten_output(out: Any, scope: _ModuleScope) -> tuple[list[torch.Tensor], Any]:
+    _register_dataclasses(out)
+    leaves, spec = pytree.tree_flatten(out)
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise UnsupportedModel(
+                f"an output of type {type(leaf).__name__}",
+                "",
+                "the model must return tensors (alone, or in a tuple, list, dict or dataclass)",
+            )
+    if not leaves:
+        raise UnsupportedModel("a model with no tensor output", "", "return the loss or logits")
+    return leaves, spec
+
+
+def _register_dataclasses(out: Any) -> None:
+    """Let pytree see inside dataclass outputs (as Hugging Face's ModelOutput does)."""
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        cls = type(out)
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(cls)
+        for f in dataclasses.fields(out):
+            _register_dataclasses(getattr(out, f.name))
+    elif isinstance(out, (list, tuple)):
+        for x in out:
+            _register_dataclasses(x)
+    elif isinstance(out, dict):
+        for x in out.values():
+            _register_dataclasses(x)
+
+
+class _ModuleScope:
+    """Tracks which submodule is running, so a trace failure can name where it happened."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.stack: list[str] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _ModuleScope:
+        for name, mod in self.model.named_modules():
+            self.handles.append(mod.register_forward_pre_hook(self._push(name)))
+            self.handles.append(mod.register_forward_hook(self._pop))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _push(self, name: str):
+        def hook(mod, args):
+            self.stack.append(name)
+
+        return hook
+
+    def _pop(self, mod, args, out) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    @property
+    def where(self) -> str:
+        if not self.stack:
+            return ""
+        name = self.stack[-1]
+        mod = self.model.get_submodule(name)
+        return f"{name} ({type(mod).__name__})" if name else f"{type(mod).__name__} (the root)"
+
+
+def _guard(scope: _ModuleScope, fn):
+    """Run `fn`, turning tracing failures into UnsupportedModel naming op and module."""
+    try:
+        return fn()
+    except UnsupportedModel:
+        raise
+    except DataDependentOutputException as e:
+        raise UnsupportedModel(
+            f"data-dependent control flow (op {e.func})",
+            scope.where,
+            "the graph must not depend on tensor values: replace .item(), bool(tensor) or "
+            "`if tensor:` with tensor ops such as torch.where",
+        ) from None
+    except DynamicOutputShapeException as e:
+        raise UnsupportedModel(
+            f"an op whose output shape depends on the data ({e.func})",
+            scope.where,
+            "use fixed-shape ops (masking with torch.where instead of boolean indexing)",
+        ) from None
+    except UnsupportedOperatorException as e:
+        raise UnsupportedModel(
+            f"the op {e.func}", scope.where, "it has no fake-tensor implementation"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - anything the model raises while tracing
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if "data-dependent" in str(e) or "data dependent" in str(e):
+            raise UnsupportedModel(
+                "data-dependent control flow",
+                scope.where,
+                "the graph must not depend on tensor values: replace .item(), bool(tensor) or "
+                "`if tensor:` with tensor ops such as torch.where",
+            ) from None
+        raise UnsupportedModel(
+            f"the forward pass ({type(e).__name__}: {text[:300]})",
+            scope.where,
+            "check that the example inputs match what the model expects",
+        ) from None
+
+
+def _convert(
+    graph: torch.fx.Graph, roles: list[str]
+) -> tuple[list[AtenNode], dict[int, int], list[int], list[int | None]]:
+    """fx graph -> AtenNodes with storages numbered 0..S-1 and their sizes in bytes."""
+    index: dict[torch.fx.Node, int] = {}
+    storage_id: dict[int, int] = {}
+    storage_bytes: dict[int, int] = {}
+    nodes: list[AtenNode] = []
+    out_nodes: list[int] = []
+    grad_nodes: list[int | None] = []
+
+    def tensors_of(val: Any) -> list[torch.Tensor]:
+        if isinstance(val, torch.Tensor):
+            return [val]
+        if isinstance(val, (list, tuple)):
+            return [t for t in val if isinstance(t, torch.Tensor)]
+        return []
+
+    placeholders = 0
+    for fx_node in graph.nodes:
+        if fx_node.op == "output":
+            leaves, grads = fx_node.args[0]
+            out_nodes = [index[n] for n in leaves]
+            grad_nodes = [index[g] if isinstance(g, torch.fx.Node) else None for g in grads]
+            continue
+        tensors = tensors_of(fx_node.meta.get("val"))
+        storages = []
+        for t in tensors:
+            s = t.untyped_storage()
+            sid = storage_id.setdefault(s._cdata, len(storage_id))
+            storage_bytes[sid] = int(s.nbytes())
+            storages.append(sid)
+        i = len(nodes)
+        index[fx_node] = i
+        node = AtenNode(
+            index=i,
+            name=fx_node.name,
+            role="op",
+            specs=tuple(TensorSpec.of(t) for t in tensors),
+            storages=tuple(storages),
+        )
+        if fx_node.op == "placeholder":
+            node.role = roles[placeholders]
+            placeholders += 1
+        elif fx_node.op == "call_function":
+            node.target = fx_node.target
+            node.args = torch.fx.node.map_arg(fx_node.args, lambda n: Ref(index[n]))
+            node.kwargs = dict(torch.fx.node.map_arg(fx_node.kwargs, lambda n: Ref(index[n])))
+            node.reads = tuple(index[n] for n in fx_node.all_input_nodes)
+            node.writes = _written_args(fx_node, index)
+            tags = getattr(fx_node.target, "tags", ())
+            node.random = torch.Tag.nondeterministic_seeded in tags
+        else:
+            raise UnsupportedModel(f"an fx node of kind {fx_node.op}", "", "")
+        nodes.append(node)
+    return nodes, storage_bytes, out_nodes, grad_nodes
+
+
+# Ops whose schema does not declare the running statistics they update in training mode.
+_UNDECLARED_WRITES = {
+    torch.ops.aten.native_batch_norm.default: ((3, "running_mean"), (4, "running_var")),
+    torch.ops.aten.cudnn_batch_norm.default: ((3, "running_mean"), (4, "running_var")),
+    torch.ops.aten.miopen_batch_norm.default: ((3, "running_mean"), (4, "running_var")),
+}
+
+
+def _written_args(fx_node: torch.fx.Node, index: dict[torch.fx.Node, int]) -> tuple[int, ...]:
+    writes = aliases_schema_write(fx_node.target)
+    training = len(fx_node.args) > 5 and fx_node.args[5] is True
+    if training:
+        writes = writes + list(_UNDECLARED_WRITES.get(fx_node.target, ()))
+    written = []
+    for pos, name in writes:
+        arg = fx_node.args[pos] if pos < len(fx_node.args) else fx_node.kwargs.get(name)
+        if isinstance(arg, torch.fx.Node):
+            written.append(index[arg])
+    return tuple(written)
