@@ -70,6 +70,7 @@ class AtenNode:
     reads: tuple[int, ...] = ()  # nodes whose results this node reads
     specs: tuple[TensorSpec, ...] = ()  # tensors it returns
     storages: tuple[int, ...] = ()  # storage of each returned tensor (aliases share one)
+    strides: tuple[tuple[int, ...], ...] = ()  # stride of each returned tensor
     writes: tuple[int, ...] = ()  # nodes it mutates in place
     random: bool = False  # draws from the random generator
 
@@ -123,7 +124,8 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         finputs = [_fake(fake_mode, x) for x in inputs]
 
     def forward(ps, ss, xs):
-        tensors = {n: t for (n, _), t in zip(params, ps)} | {n: t for (n, _), t in zip(state, ss)}
+        names = [n for n, _ in params] + [n for n, _ in state]
+        tensors = dict(zip(names, [*ps, *ss], strict=True))
         return functional_call(model, tensors, tuple(xs))
 
     with _ModuleScope(model) as scope, fake_mode:
@@ -337,6 +339,7 @@ def _convert(
             role="op",
             specs=tuple(TensorSpec.of(t) for t in tensors),
             storages=tuple(storages),
+            strides=tuple(tuple(int(x) for x in t.stride()) for t in tensors),
         )
         if fx_node.op == "placeholder":
             node.role = roles[placeholders]
