@@ -68,6 +68,7 @@ class Plan:
     problem: Problem | None = field(default=None, repr=False, compare=False)
     solve_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    graph_meta: dict = field(default_factory=dict)  # params, inputs: to retrace and compare
     _sim: Simulation | None = field(default=None, repr=False, compare=False)
     _saved_prediction: tuple[int, float, float] | None = field(default=None, repr=False)
 
@@ -168,7 +169,15 @@ def plan_from_runs(
         program.extend((FREE, v) for v in sorted(frees_after.get(pos, ())))
     if start is None:
         start = len(program)
-    return Plan(program, start, method, budget, problem.fingerprint, problem=problem)
+    return Plan(
+        program,
+        start,
+        method,
+        budget,
+        problem.fingerprint,
+        problem=problem,
+        graph_meta=problem.graph_meta,
+    )
 
 
 def simulate(problem: Problem, program: Sequence[Instruction], backward_start: int) -> Simulation:
@@ -242,3 +251,33 @@ def simulate(problem: Problem, program: Sequence[Instruction], backward_start: i
     if missing_final:
         raise InvalidPlan(f"outputs or gradients freed before the end: {missing_final[:5]}")
     return Simulation(timeline, peak, peak_step, time, recomputed)
+
+
+def runs_keeping(problem: Problem, keep: set[int]) -> tuple[list[int], int]:
+    """Op runs for "forward once, keep `keep`, recompute the rest when the backward needs it".
+
+    Forward values outside `keep` are dropped after their last forward use; a backward op that
+    reads one recomputes it just before, from whatever is available (recursively). Returns the
+    runs and the number of forward runs.
+    """
+    graph = problem.graph
+    ops, values = graph.ops, graph.values
+    runs = list(graph.forward_ops)
+    available = set(keep) | set(graph.final_values)
+    available |= {v.index for v in values if v.producer is None}
+
+    def ensure(v: int) -> None:
+        if v in available:
+            return
+        producer = ops[values[v].producer]
+        for u in producer.inputs:
+            ensure(u)
+        runs.append(producer.index)
+        available.update(producer.outputs)
+
+    for o in graph.backward_ops:
+        for v in ops[o].inputs:
+            ensure(v)
+        runs.append(o)
+        available.update(ops[o].outputs)
+    return runs, len(graph.forward_ops)

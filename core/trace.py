@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch import nn
+from torch._functorch._aot_autograd.logging_utils import (
+    setup_stacktrace_preservation_hooks_from_tensors,
+)
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -73,6 +77,8 @@ class AtenNode:
     strides: tuple[tuple[int, ...], ...] = ()  # stride of each returned tensor
     writes: tuple[int, ...] = ()  # nodes it mutates in place
     random: bool = False  # draws from the random generator
+    module: str | None = None  # module path that ran it (forward ops only)
+    seq_nr: int = -1  # autograd sequence number: a backward node shares its forward op's
 
     @property
     def label(self) -> str:
@@ -140,6 +146,8 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         ps, ss = flat[:n_p], flat[n_p : n_p + n_s]
         xs, ts = flat[n_p + n_s : n_p + n_s + n_i], flat[n_p + n_s + n_i :]
         leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
+        # tag each backward node with the sequence number of the forward op it differentiates
+        setup_stacktrace_preservation_hooks_from_tensors([leaves[i] for i in diff])
         wrt = list(ps) + [xs[i] for i in grad_inputs]
         grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)
         return list(leaves), list(grads)
@@ -224,32 +232,43 @@ def _register_dataclasses(out: Any) -> None:
 
 
 class _ModuleScope:
-    """Tracks which submodule is running, so a trace failure can name where it happened."""
+    """Tracks which submodule is running: trace failures name it, and every traced forward
+    node records it in `node.meta["custom"]["module"]` (blocks are cut at module boundaries)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.stack: list[str] = []
+        self.tags: list[Any] = []
         self.handles: list[Any] = []
 
     def __enter__(self) -> _ModuleScope:
         for name, mod in self.model.named_modules():
             self.handles.append(mod.register_forward_pre_hook(self._push(name)))
             self.handles.append(mod.register_forward_hook(self._pop))
+        self.meta = fx_traceback.preserve_node_meta()
+        self.meta.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        while self.tags:
+            self.tags.pop().__exit__(None, None, None)
+        self.meta.__exit__(None, None, None)
         for h in self.handles:
             h.remove()
 
     def _push(self, name: str):
         def hook(mod, args):
             self.stack.append(name)
+            tag = fx_traceback.annotate({"module": name})
+            tag.__enter__()
+            self.tags.append(tag)
 
         return hook
 
     def _pop(self, mod, args, out) -> None:
         if self.stack:
             self.stack.pop()
+            self.tags.pop().__exit__(None, None, None)
 
     @property
     def where(self) -> str:
@@ -352,6 +371,8 @@ def _convert(
             node.writes = _written_args(fx_node, index)
             tags = getattr(fx_node.target, "tags", ())
             node.random = torch.Tag.nondeterministic_seeded in tags
+            node.module = (fx_node.meta.get("custom") or {}).get("module")
+            node.seq_nr = int(fx_node.meta.get("seq_nr", -1))
         else:
             raise UnsupportedModel(f"an fx node of kind {fx_node.op}", "", "")
         nodes.append(node)
@@ -366,11 +387,14 @@ _UNDECLARED_WRITES = {
 }
 
 
+def undeclared_writes(target: Any, args: Sequence[Any]) -> list[tuple[int, str]]:
+    """Arguments an op writes although its schema does not say so (batch-norm in training)."""
+    training = len(args) > 5 and args[5] is True
+    return list(_UNDECLARED_WRITES.get(target, ())) if training else []
+
+
 def _written_args(fx_node: torch.fx.Node, index: dict[torch.fx.Node, int]) -> tuple[int, ...]:
-    writes = aliases_schema_write(fx_node.target)
-    training = len(fx_node.args) > 5 and fx_node.args[5] is True
-    if training:
-        writes = writes + list(_UNDECLARED_WRITES.get(fx_node.target, ()))
+    writes = aliases_schema_write(fx_node.target) + undeclared_writes(fx_node.target, fx_node.args)
     written = []
     for pos, name in writes:
         arg = fx_node.args[pos] if pos < len(fx_node.args) else fx_node.kwargs.get(name)

@@ -1,0 +1,283 @@
+"""Op times: estimated from FLOPs and bytes against a device spec, or measured on real tensors.
+
+Solvers trade memory for recompute time, so every op of the graph needs a time. The estimate
+needs no compute and works for devices this machine does not have; the measurement runs each
+distinct op once on real tensors of the traced shapes, 1 thread, on this machine (identical
+transformer layers share one measurement). Both fill `Op.time` through `assign_times`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+from core.graph import Graph, Op
+from core.interpret import resolve, run_node
+from core.trace import AtenNode, Ref, Trace
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Sustained rates of one device: what the estimate divides FLOPs and bytes by."""
+
+    name: str
+    flops: float  # sustained FLOP/s for fp32 matmul-like work
+    bandwidth: float  # sustained bytes/s of memory traffic
+    launch: float  # fixed seconds per ATen kernel (dispatch/launch overhead)
+    half_flops: float = 0.0  # FLOP/s for fp16/bf16 matmul-like work; 0: same as flops
+    # Newly allocated outputs above `fresh_threshold` bytes are first-touched at this rate
+    # (CPU: glibc serves them with a fresh mmap, so every step pays the page faults again).
+    fresh_bandwidth: float = math.inf
+    fresh_threshold: int = 0
+
+
+# "cpu": this machine (AMD EPYC, torch 2.13.0+cpu), 1 thread, measured 2025 while writing this
+# module (median of 9 runs): fp32 2048x2048 matmul 85 GFLOP/s; `x + y` on 1-4M float32 elements
+# (all in and out bytes) 42-44 GB/s, on 16M elements 30 GB/s; on 32M elements (128 MB, above
+# glibc's 32 MB mmap threshold) 4.3 GB/s, which is 1.8 GB/s of page faults on the new output on
+# top of the 22 GB/s the same add reaches with `out=`; `aten.add` of one-element tensors called
+# through `run_node` 2.7 us, plus Python overhead as a step runs it.
+# GPUs: datasheet peaks (NVIDIA A100/H100/V100 and Ada RTX 4090 datasheets, dense, no sparsity)
+# derated to 70% of compute and 80% of bandwidth, what large kernels sustain in practice.
+# `flops` is plain fp32 (PyTorch leaves TF32 matmuls off by default), `half_flops` the fp16/bf16
+# tensor-core rate (RTX 4090: with fp32 accumulate). Launch: ~5 us of eager dispatch per kernel.
+_C, _B = 0.7, 0.8
+DEVICES: dict[str, DeviceSpec] = {
+    "cpu": DeviceSpec(
+        "cpu",
+        flops=85e9,
+        bandwidth=35e9,
+        launch=4e-6,
+        fresh_bandwidth=1.8e9,
+        fresh_threshold=32 << 20,
+    ),
+    # A100 SXM4 80 GB: 19.5 TFLOP/s fp32, 312 bf16, HBM2e 2,039 GB/s.
+    "a100": DeviceSpec("a100", 19.5e12 * _C, 2039e9 * _B, 5e-6, half_flops=312e12 * _C),
+    # H100 SXM5 80 GB: 67 TFLOP/s fp32, 989 bf16, HBM3 3,350 GB/s.
+    "h100": DeviceSpec("h100", 67e12 * _C, 3350e9 * _B, 5e-6, half_flops=989e12 * _C),
+    # V100 SXM2 32 GB: 15.7 TFLOP/s fp32, 125 fp16 tensor, HBM2 900 GB/s.
+    "v100": DeviceSpec("v100", 15.7e12 * _C, 900e9 * _B, 5e-6, half_flops=125e12 * _C),
+    # RTX 4090: 82.6 TFLOP/s fp32, 165.2 fp16 tensor (fp32 accumulate), GDDR6X 1,008 GB/s.
+    "rtx4090": DeviceSpec("rtx4090", 82.6e12 * _C, 1008e9 * _B, 5e-6, half_flops=165.2e12 * _C),
+}
+
+MODELS = ("estimated", "measured")
+
+# Repeats of one op stop once its runs add up to this many seconds: huge ops need no median.
+_TIME_BUDGET = 0.5
+# Factories that only reserve memory: no traffic beyond first touching it.
+_ALLOCATE_ONLY = {
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_empty_strided.default,
+}
+_HALF = {"float16", "bfloat16"}
+
+
+def estimate_times(graph: Graph, device: DeviceSpec | str = "cpu") -> list[float]:
+    """Per-op seconds from FLOPs and bytes moved against a device spec (no compute).
+
+    A node takes max(FLOPs / rate, bytes / bandwidth) + launch, plus first-touch time for large
+    new outputs where the device has it; getitems cost nothing, views only the launch.
+    """
+    spec = _device_spec(device)
+    trace = graph.trace
+    return [sum(_node_time(trace, trace.nodes[n], spec) for n in op.nodes) for op in graph.ops]
+
+
+def measure_times(
+    graph: Graph,
+    repeats: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """Per-op seconds measured on real tensors on the graph's device, 1 thread, median of `repeats` runs; ops with an identical signature are timed once.
+
+    Each op runs its ATen nodes in order through `run_node`, as the runtime does, on fresh
+    inputs: floats random normal, integers zeros (valid indices), bools random. The caller's
+    thread count and random state are left as they were. `progress(done, total)` is called
+    after each distinct signature is timed; `total` is the number of distinct signatures.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    trace = graph.trace
+    signatures = [op_signature(trace, op) for op in graph.ops]
+    first: dict[tuple, Op] = {}
+    for sig, op in zip(signatures, graph.ops):
+        first.setdefault(sig, op)
+    seconds: dict[tuple, float] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            for done, (sig, op) in enumerate(first.items(), 1):
+                seconds[sig] = _time_op(trace, op, repeats)
+                if progress is not None:
+                    progress(done, len(first))
+    finally:
+        torch.set_num_threads(threads)
+    return [seconds[sig] for sig in signatures]
+
+
+def assign_times(
+    graph: Graph, model: str = "estimated", device: DeviceSpec | str = "cpu", **kw: Any
+) -> None:
+    """Fill op.time for every op of graph.ops using the chosen cost model ("estimated" or "measured").
+
+    `device` picks the spec of the estimate; `kw` goes to `measure_times` (repeats, progress).
+    """
+    if model == "estimated":
+        times = estimate_times(graph, device, **kw)
+    elif model == "measured":
+        times = measure_times(graph, **kw)
+    else:
+        raise ValueError(f"unknown cost model {model!r}; valid: {', '.join(MODELS)}")
+    for op, t in zip(graph.ops, times, strict=True):
+        op.time = t
+
+
+def op_signature(trace: Trace, op: Op) -> tuple:
+    """What an op's time depends on: its nodes' targets and arguments, inputs as shapes and strides.
+
+    Refs to nodes of the op itself become their position in it, so identical layers match.
+    """
+    position = {n: i for i, n in enumerate(op.nodes)}
+
+    def key(arg: Any) -> Any:
+        if isinstance(arg, Ref):
+            if arg.index in position:
+                return ("node", position[arg.index])
+            read = trace.nodes[arg.index]
+            return ("input", read.specs, read.strides)
+        if isinstance(arg, (tuple, list)):
+            return (type(arg).__name__, *(key(a) for a in arg))
+        if isinstance(arg, dict):
+            return tuple(sorted((k, key(v)) for k, v in arg.items()))
+        return repr(arg)
+
+    return tuple(
+        (str(trace.nodes[n].target), key(trace.nodes[n].args), key(trace.nodes[n].kwargs))
+        for n in op.nodes
+    )
+
+
+# --- estimate ------------------------------------------------------------------------------
+
+
+def _device_spec(device: DeviceSpec | str) -> DeviceSpec:
+    if isinstance(device, DeviceSpec):
+        return device
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    return DEVICES[device]
+
+
+def _node_time(trace: Trace, node: AtenNode, spec: DeviceSpec) -> float:
+    if node.target is operator.getitem:
+        return 0.0
+    read_storages = {s for r in node.reads for s in trace.nodes[r].storages}
+    new = [s for s in node.storages if s not in read_storages]
+    if not new and not node.writes:  # a view: no new storage, no compute
+        return spec.launch
+    fresh = sum(b for s in new if (b := trace.storage_bytes[s]) > spec.fresh_threshold)
+    seconds = spec.launch + fresh / spec.fresh_bandwidth
+    if node.target in _ALLOCATE_ONLY:
+        return seconds
+    moved = sum(_tensor_bytes(trace, trace.nodes[r]) for r in node.reads)
+    moved += _tensor_bytes(trace, node)
+    half = node.specs and node.specs[0].dtype in _HALF and spec.half_flops
+    rate = spec.half_flops if half else spec.flops
+    return seconds + max(_flops(trace, node) / rate, moved / spec.bandwidth)
+
+
+def _tensor_bytes(trace: Trace, node: AtenNode) -> int:
+    """Bytes of the tensors a node returns, counting a broadcast (stride 0) storage once."""
+    total = 0
+    for spec, storage in zip(node.specs, node.storages):
+        logical = math.prod(spec.shape) * _dtype(spec.dtype).itemsize
+        total += min(logical, trace.storage_bytes[storage])
+    return total
+
+
+def _flops(trace: Trace, node: AtenNode) -> int:
+    """FLOPs by PyTorch's own formulas (torch.utils.flop_counter), run on meta tensors."""
+    formula = flop_registry.get(getattr(node.target, "overloadpacket", None))
+    if formula is None:
+        return 0
+    env = {r: _make(trace.nodes[r], lambda s, st: _empty(s, st, "meta")) for r in node.reads}
+    args, kwargs = resolve(node.args, env), resolve(node.kwargs, env)
+    out = node.target(*args, **kwargs)
+    return int(formula(*args, **kwargs, out_val=out))
+
+
+# --- measurement -------------------------------------------------------------------------
+
+
+def _time_op(trace: Trace, op: Op, repeats: int) -> float:
+    """Median seconds of running the op's nodes on fresh inputs: warm-up once, then repeat.
+
+    A warm-up that already takes `_TIME_BUDGET` is the measurement; the repeats stop once
+    their total does.
+    """
+    nodes = [trace.nodes[n] for n in op.nodes]
+    inside = set(op.nodes)
+    outside = sorted({r for node in nodes for r in node.reads if r not in inside})
+    inputs = {r: _make(trace.nodes[r], _random) for r in outside}
+
+    def run() -> float:
+        env = dict(inputs)
+        start = time.perf_counter()
+        for node in nodes:
+            env[node.index] = run_node(node, env)
+        return time.perf_counter() - start
+
+    warm = run()
+    if warm >= _TIME_BUDGET:
+        return warm
+    runs: list[float] = []
+    while len(runs) < repeats and sum(runs) < _TIME_BUDGET:
+        runs.append(run())
+    return statistics.median(runs)
+
+
+def _make(node: AtenNode, factory: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> Any:
+    """A stand-in for a node's result: one tensor, or a tuple/list as its schema returns."""
+    tensors = [factory(s, st) for s, st in zip(node.specs, node.strides)]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or node.target is operator.getitem:
+        return tensors[0]
+    returns = schema.returns
+    if len(returns) == 1 and isinstance(returns[0].type, torch.ListType):
+        return tensors
+    return tensors[0] if len(returns) == 1 else tuple(tensors)
+
+
+def _random(spec: Any, stride: tuple[int, ...]) -> torch.Tensor:
+    """Floats random normal, integers zeros (valid indices), bools random; any strides."""
+    size = 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride)) if all(spec.shape) else 0
+    base = torch.empty(size, dtype=_dtype(spec.dtype))
+    if base.is_floating_point() or base.is_complex():
+        base.normal_()
+    elif base.dtype == torch.bool:
+        base.bernoulli_(0.5)
+    else:
+        base.zero_()
+    return base.as_strided(spec.shape, stride)
+
+
+def _empty(spec: Any, stride: tuple[int, ...], device: str) -> torch.Tensor:
+    return torch.empty_strided(spec.shape, stride, dtype=_dtype(spec.dtype), device=device)
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)

@@ -1,0 +1,290 @@
+"""Run a plan inside autograd: `apply_plan(model, plan)` returns a drop-in module.
+
+The wrapped module's forward runs the forward part of the plan's program (the same
+instructions the simulator walked) inside one `torch.autograd.Function`, keeping what the plan
+keeps; `loss.backward()` then runs the rest of the program, recomputing what the plan
+recomputes, and hands autograd the parameter gradients, which land in the model's own `.grad`.
+
+Exactness rules kept here:
+- a recomputed random op (dropout) replays the random state of its first run, and the global
+  random stream moves exactly as in eager PyTorch;
+- a recomputed op that updates model state (batch-norm running statistics) writes into a
+  throwaway copy, so the state is updated once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.errors import PlanMismatch
+from core.graph import Graph, build_graph
+from core.interpret import resolve
+from core.schedule import FREE, RUN, Plan
+from core.trace import TensorSpec, capture, unflatten_output
+
+# one compiled instruction: (RUN, nodes, recompute) or (FREE, node keys to drop)
+_NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
+
+
+@dataclass
+class _Instr:
+    kind: str
+    items: tuple  # RUN: ((node index, mode), ...); FREE: node indices to drop
+
+
+class _Program:
+    """A plan compiled against a graph: the instruction list the runtime walks."""
+
+    def __init__(self, graph: Graph, plan: Plan) -> None:
+        self.graph = graph
+        nodes = graph.trace.nodes
+        placeholders = {v.index for v in graph.values if v.is_placeholder}
+        seen: set[int] = set()
+        compiled: list[_Instr] = []
+        for kind, target in plan.program:
+            if kind == RUN:
+                op = graph.ops[target]
+                recompute = target in seen
+                seen.add(target)
+                items = []
+                for n in op.nodes:
+                    node = nodes[n]
+                    writes_state = any(
+                        s in placeholders for w in node.writes for s in nodes[w].storages
+                    )
+                    mode = _NORMAL
+                    if recompute and node.random:
+                        mode = _REPLAY_RNG
+                    elif recompute and writes_state:
+                        mode = _SKIP if not op.outputs else _COPY_STATE
+                    items.append((n, mode))
+                drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
+                compiled.append(_Instr(RUN, (tuple(items), drop)))
+            elif kind == FREE:
+                compiled.append(_Instr(FREE, graph.value_nodes.get(target, ())))
+        self.forward = compiled[: plan.backward_start]
+        self.backward = compiled[plan.backward_start :]
+        self.random_nodes = [
+            n for op in graph.ops if op.random for n in op.nodes if nodes[n].random
+        ]
+
+    def run(self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any]) -> None:
+        nodes = self.graph.trace.nodes
+        for ins in instrs:
+            if ins.kind == FREE:
+                for n in ins.items:
+                    env.pop(n, None)
+                continue
+            items, drop = ins.items
+            for n, mode in items:
+                node = nodes[n]
+                if mode == _SKIP:
+                    continue
+                args = resolve(node.args, env)
+                kwargs = resolve(node.kwargs, env) if node.kwargs else {}
+                if mode == _NORMAL:
+                    if node.random:
+                        rng[n] = _get_rng(args)
+                    env[n] = node.target(*args, **kwargs)
+                elif mode == _REPLAY_RNG:
+                    now = _get_rng(args)
+                    _set_rng(args, rng[n])
+                    env[n] = node.target(*args, **kwargs)
+                    _set_rng(args, now)
+                else:  # _COPY_STATE: the recompute must not touch model state again
+                    args, kwargs = _copy_written(node, args, kwargs)
+                    env[n] = node.target(*args, **kwargs)
+            for n in drop:
+                env.pop(n, None)
+
+
+class _StepState:
+    """What the forward leaves for the backward: live values and random states."""
+
+    def __init__(self, env: dict[int, Any], rng: dict[int, Any]) -> None:
+        self.env: dict[int, Any] | None = env
+        self.rng = rng
+
+
+class _PlanFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runner: PlannedModule, n_params: int, *tensors: torch.Tensor):
+        program, trace = runner._program, runner._program.graph.trace
+        env: dict[int, Any] = {}
+        placeholders = [n.index for n in trace.nodes if n.role in ("param", "state", "input")]
+        state = runner._state_tensors()
+        values = list(tensors[:n_params]) + state + list(tensors[n_params:])
+        for i, t in zip(placeholders, values, strict=True):
+            env[i] = t
+        for n in runner._graph.prologue:
+            node = trace.nodes[n]
+            if node.role == "op" and not trace.nodes[n].writes:
+                env[n] = node.target(*resolve(node.args, env), **resolve(node.kwargs, env))
+        rng: dict[int, Any] = {}
+        program.run(program.forward, env, rng)
+        outputs = tuple(env[n] for n in trace.outputs)
+        ctx.step = _StepState(env, rng)
+        ctx.runner = runner
+        ctx.n_params = n_params
+        ctx.mark_non_differentiable(
+            *[o for i, o in enumerate(outputs) if i not in set(trace.diff_outputs)]
+        )
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        step: _StepState = ctx.step
+        program = ctx.runner._program
+        trace = program.graph.trace
+        if step.env is None:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (or directly access saved "
+                "tensors after they have already been freed). Specify retain_graph=True if you "
+                "need to backward through the graph a second time."
+            )
+        keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
+        env = dict(step.env) if keep_graph else step.env
+        if not keep_graph:
+            step.env = None
+        for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
+            env[t] = grad_outputs[out]
+        program.run(program.backward, env, step.rng)
+        grads = [env[g] if g is not None else None for g in trace.grads]
+        env.clear()
+        n_params = ctx.n_params
+        input_grads: list[torch.Tensor | None] = [None] * len(trace.input_specs)
+        for pos, g in zip(trace.grad_inputs, grads[n_params:], strict=True):
+            input_grads[pos] = g
+        return (None, None, *grads[:n_params], *input_grads)
+
+
+class PlannedModule(nn.Module):
+    """A drop-in for `model` that trains under a plan; eval mode and no_grad run the model."""
+
+    def __init__(self, model: nn.Module, graph: Graph, plan: Plan) -> None:
+        super().__init__()
+        self.model = model
+        self.plan = plan
+        self._graph = graph
+        self._program = _Program(graph, plan)
+        trace = graph.trace
+        params = dict(model.named_parameters())
+        self._param_names = trace.param_names
+        self._state_names = trace.state_names
+        self._params = [params[n] for n in trace.param_names]
+        self._input_specs = trace.input_specs
+        self._grad_inputs = set(trace.grad_inputs)
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        named = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        return [named[n] for n in self._state_names]
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if not (torch.is_grad_enabled() and self.model.training):
+            return self.model(*inputs)
+        self._check_inputs(inputs)
+        outputs = _PlanFunction.apply(self, len(self._params), *self._params, *inputs)
+        return unflatten_output(list(outputs), self._graph.trace.output_spec)
+
+    def _check_inputs(self, inputs: Sequence[Any]) -> None:
+        if len(inputs) != len(self._input_specs):
+            raise PlanMismatch(
+                f"the plan was made for {len(self._input_specs)} inputs, got {len(inputs)}"
+            )
+        for i, (x, spec) in enumerate(zip(inputs, self._input_specs, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                raise PlanMismatch(f"input {i} is a {type(x).__name__}, the plan expects {spec}")
+            got = TensorSpec.of(x)
+            if got != spec:
+                raise PlanMismatch(
+                    f"input {i} is {got}, the plan was made for {spec}: make a plan for these "
+                    "shapes (remat plan ... or core.solve on a problem analysed with them)"
+                )
+            if x.requires_grad != (i in self._grad_inputs):
+                need = "requires" if i in self._grad_inputs else "does not require"
+                raise PlanMismatch(f"input {i}: the plan was made for an input that {need} grad")
+
+
+def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
+    """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
+    made for (same parameters, same code); inputs must have the plan's shapes and dtypes."""
+    problem = plan.problem
+    if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
+        return PlannedModule(model, problem.graph, plan)
+    _check_params(model, plan)
+    example = [
+        torch.zeros(shape, dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
+        for shape, dtype, requires_grad in plan.graph_meta["inputs"]
+    ]
+    graph = build_graph(capture(model, example))
+    from core.problem import fingerprint
+
+    if fingerprint(graph.trace) != plan.fingerprint:
+        raise PlanMismatch(
+            "the model's traced operations differ from the plan's (same parameter shapes, "
+            "different code or dtype): make a new plan for this model"
+        )
+    return PlannedModule(model, graph, plan)
+
+
+def _check_params(model: nn.Module, plan: Plan) -> None:
+    mine = [[n, str(TensorSpec.of(p))] for n, p in model.named_parameters() if p.requires_grad]
+    theirs = plan.graph_meta.get("params", [])
+    if mine != theirs:
+        names_mine, names_theirs = {m[0] for m in mine}, {t[0] for t in theirs}
+        if names_mine != names_theirs:
+            extra = sorted(names_mine - names_theirs)[:3]
+            missing = sorted(names_theirs - names_mine)[:3]
+            raise PlanMismatch(
+                f"the model's parameters differ from the plan's: the model has {extra or 'no'} "
+                f"extra and lacks {missing or 'none'} of the plan's: this plan is for another model"
+            )
+        for (n, a), (_, b) in zip(sorted(mine), sorted(theirs)):
+            if a != b:
+                raise PlanMismatch(
+                    f"parameter {n} is {a}, the plan was made for {b}: make a plan for this model"
+                )
+
+
+def _tensor_in(args: Any) -> torch.Tensor | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            t = _tensor_in(a)
+            if t is not None:
+                return t
+    return None
+
+
+def _get_rng(args: Any) -> Any:
+    t = _tensor_in(args)
+    if t is not None and t.device.type == "cuda":
+        return torch.cuda.get_rng_state(t.device)
+    return torch.get_rng_state()
+
+
+def _set_rng(args: Any, state: Any) -> None:
+    t = _tensor_in(args)
+    if t is not None and t.device.type == "cuda":
+        torch.cuda.set_rng_state(state, t.device)
+    else:
+        torch.set_rng_state(state)
+
+
+def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Replace the state an op writes in place by copies (a recompute must not update it)."""
+    from core.trace import aliases_schema_write, undeclared_writes
+
+    args = list(args)
+    for pos, name in aliases_schema_write(node.target) + undeclared_writes(node.target, args):
+        if pos < len(args) and isinstance(args[pos], torch.Tensor):
+            args[pos] = args[pos].clone()
+        elif isinstance(kwargs.get(name), torch.Tensor):
+            kwargs = {**kwargs, name: kwargs[name].clone()}
+    return tuple(args), kwargs

@@ -1,0 +1,104 @@
+"""Solvers: one module per strategy, each `solve(problem, budget) -> Plan`.
+
+`core.solve` parses the budget, dispatches on the method and checks the result with the
+simulator: a returned plan never exceeds its budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from importlib import import_module
+
+from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
+from core.problem import Problem
+from core.schedule import Plan
+
+METHODS = ("store_all", "checkpoint_blocks", "sqrt_n")
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_budget(budget: int | float | str, store_all_peak: int) -> int:
+    """Bytes from an int (bytes), a float fraction of the store-all peak (0.5), or a string
+    the command line accepts ("2GB", "512MiB", "50%")."""
+    if isinstance(budget, str):
+        text = budget.strip().lower().replace(" ", "")
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)(%|[kmgt]?i?b)?", text)
+        if not m:
+            raise BudgetError(
+                f"cannot read the budget {budget!r}: write bytes with a unit ('2GB', '512MiB') "
+                "or a percentage of the store-all peak ('50%')"
+            )
+        number, unit = float(m.group(1)), m.group(2) or ""
+        if unit == "%":
+            return parse_budget(number / 100, store_all_peak)
+        return parse_budget(int(number * _UNITS[unit]), store_all_peak)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise BudgetError(
+            f"a budget is bytes (int), a fraction (float) or a string, not {budget!r}"
+        )
+    if isinstance(budget, float):
+        if math.isnan(budget) or budget <= 0:
+            raise BudgetError(f"the budget must be a positive fraction of the peak, not {budget}")
+        return int(budget * store_all_peak)
+    if budget <= 0:
+        raise BudgetError(f"the budget must be a positive number of bytes, not {budget}")
+    return budget
+
+
+def solve(problem: Problem, budget: int | float | str, method: str = "rockmate") -> Plan:
+    """The plan of `method` with the least predicted time whose peak fits `budget`."""
+    if method not in available_methods():
+        raise ValueError(
+            f"unknown method {method!r}: choose one of {', '.join(available_methods())}"
+        )
+    peak = problem.store_all_peak
+    asked = parse_budget(budget, peak)
+    notes = []
+    effective = asked
+    if asked >= peak:
+        effective = peak
+        if asked > peak:
+            notes.append(
+                f"the budget {fmt_bytes(asked)} is above the store-all peak {fmt_bytes(peak)}: "
+                "nothing needs recomputing, so this is the store-all plan"
+            )
+    start = time.perf_counter()
+    module = import_module(f"core.solvers.{method}")
+    plan = module.solve(problem, effective) if asked < peak else _store_all(problem, method)
+    plan.solve_seconds = time.perf_counter() - start
+    plan.budget = asked
+    plan.notes = notes + plan.notes
+    if plan.predicted_peak > effective:
+        raise InfeasibleBudget(asked, plan.predicted_peak, method)
+    return plan
+
+
+def available_methods() -> tuple[str, ...]:
+    return METHODS
+
+
+def _store_all(problem: Problem, method: str) -> Plan:
+    base = problem.store_all_plan
+    return Plan(
+        list(base.program),
+        base.backward_start,
+        method,
+        0,
+        base.fingerprint,
+        problem,
+        graph_meta=base.graph_meta,
+    )
