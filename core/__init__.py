@@ -1,7 +1,9 @@
 """Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
 
 from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
+from core.plan_io import load_plan
 from core.problem import Problem, analyze
+from core.runtime import apply_plan
 from core.schedule import Plan
 from core.solvers import parse_budget, solve
 
@@ -13,6 +15,8 @@ __all__ = [
     "Problem",
     "UnsupportedModel",
     "analyze",
+    "apply_plan",
+    "load_plan",
     "parse_budget",
     "solve",
 ]

@@ -56,7 +56,8 @@ class Graph:
     trace: Trace
     ops: list[Op]
     values: list[Value]
-    prologue: tuple[int, ...]  # ATen nodes aliasing placeholders only
+    prologue: tuple[int, ...]  # ATen nodes aliasing params, state or inputs only
+    tangent_prologue: tuple[int, ...]  # ATen nodes aliasing the incoming gradients only
     final_values: frozenset[int]  # live at the end of the step: model outputs, gradients
 
     @cached_property
@@ -133,7 +134,10 @@ def build_graph(trace: Trace) -> Graph:
     for g in trace.grads:
         if g is not None and not values[nodes[g].storages[0]].is_placeholder:
             values[nodes[g].storages[0]].kind = "gradient"
-    return Graph(trace, ops, values, tuple(prologue), frozenset(final))
+    tangent_storage = {v.index for v in values if v.kind == "tangent"}
+    of_tangent = tuple(n for n in prologue if nodes[n].storages[0] in tangent_storage)
+    rest = tuple(n for n in prologue if n not in of_tangent)
+    return Graph(trace, ops, values, rest, of_tangent, frozenset(final))
 
 
 def _written_storages(trace: Trace, node) -> list[int]:

@@ -121,10 +121,7 @@ class _PlanFunction(torch.autograd.Function):
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
         for i, t in zip(placeholders, values, strict=True):
             env[i] = t
-        for n in runner._graph.prologue:
-            node = trace.nodes[n]
-            if node.role == "op" and not trace.nodes[n].writes:
-                env[n] = node.target(*resolve(node.args, env), **resolve(node.kwargs, env))
+        _run_prologue(trace, runner._graph.prologue, env)
         rng: dict[int, Any] = {}
         program.run(program.forward, env, rng)
         outputs = tuple(env[n] for n in trace.outputs)
@@ -153,6 +150,7 @@ class _PlanFunction(torch.autograd.Function):
             step.env = None
         for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
             env[t] = grad_outputs[out]
+        _run_prologue(trace, program.graph.tangent_prologue, env)
         program.run(program.backward, env, step.rng)
         grads = [env[g] if g is not None else None for g in trace.grads]
         env.clear()
@@ -249,6 +247,13 @@ def _check_params(model: nn.Module, plan: Plan) -> None:
                 raise PlanMismatch(
                     f"parameter {n} is {a}, the plan was made for {b}: make a plan for this model"
                 )
+
+
+def _run_prologue(trace, nodes: tuple[int, ...], env: dict[int, Any]) -> None:
+    """Views of placeholders (a weight's transpose): they allocate nothing."""
+    for n in nodes:
+        node = trace.nodes[n]
+        env[n] = node.target(*resolve(node.args, env), **resolve(node.kwargs, env))
 
 
 def _tensor_in(args: Any) -> torch.Tensor | None:

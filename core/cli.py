@@ -1,0 +1,193 @@
+"""`remat`: inspect a model's chain, make and show plans, run benchmarks, serve the app."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+
+from core.errors import RematError, fmt_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return args.run(args, rest)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (RematError, ValueError, OSError) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="remat", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def model_args(s: argparse.ArgumentParser) -> None:
+        s.add_argument("model", help="sample name (e.g. gpt-tiny) or package.module:callable")
+        s.add_argument("--costs", default="estimated", choices=["estimated", "measured"])
+        s.add_argument("--device", default="cpu", help="device preset for estimated costs")
+
+    s = sub.add_parser("inspect", help="print the chain of blocks of a model")
+    model_args(s)
+    s.set_defaults(run=_inspect)
+
+    s = sub.add_parser("plan", help="solve for a budget and write a plan file")
+    model_args(s)
+    s.add_argument("--budget", required=True, help="bytes ('2GB', '512MiB') or '50%%'")
+    s.add_argument("--method", default=None, help="solver (default: rockmate when available)")
+    s.add_argument("-o", "--output", default="plan.pkl")
+    s.set_defaults(run=_plan)
+
+    s = sub.add_parser("show", help="describe a plan file")
+    s.add_argument("path")
+    s.set_defaults(run=_show)
+
+    s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)")
+    s.add_argument("--runtime", action="store_true", help="runtime overhead of store_all vs eager")
+    s.add_argument("--solvers", action="store_true", help="solver quality and speed")
+    s.add_argument("--app", action="store_true", help="app slider latency in a browser")
+    s.set_defaults(run=_bench)
+
+    s = sub.add_parser("app", help="serve the Dash app")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8050)
+    s.add_argument("--model", default=None, help="add package.module:callable to the models")
+    s.add_argument("--app-debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
+    s.set_defaults(run=_app)
+    return p
+
+
+def _analyze(args: argparse.Namespace):
+    from rich.progress import Progress
+
+    import core
+    from core.model_spec import load_model
+
+    model, inputs = load_model(args.model)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("analysing", total=1.0)
+
+        def report(stage: str, frac: float) -> None:
+            bar.update(task, completed=frac, description=stage)
+
+        start = time.perf_counter()
+        problem = core.analyze(
+            model, inputs, costs=args.costs, device=args.device, name=args.model, progress=report
+        )
+    return model, problem, time.perf_counter() - start
+
+
+def _inspect(args: argparse.Namespace, rest: list[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    _, problem, seconds = _analyze(args)
+    kinds: dict[int, list[int]] = {}
+    for b in problem.blocks:
+        kinds.setdefault(b.kind, []).append(b.index)
+    table = Table(title=f"{args.model}: chain of {len(problem.blocks)} blocks")
+    for col in ("block", "module", "fwd ops", "bwd ops", "activations", "fwd time", "bwd time"):
+        table.add_column(col, justify="left" if col == "module" else "right")
+    table.add_column("identical to")
+    for b in problem.blocks:
+        same = [i for i in kinds[b.kind] if i != b.index]
+        table.add_row(
+            str(b.index),
+            b.name,
+            str(len(b.forward_ops)),
+            str(len(b.backward_ops)),
+            fmt_bytes(b.activation_bytes),
+            f"{b.forward_time * 1e3:.2f} ms",
+            f"{b.backward_time * 1e3:.2f} ms",
+            _ranges(same) if same else "",
+        )
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    graph = problem.graph
+    console.print(
+        f"ops: {len(graph.ops)} ({len(graph.trace.nodes)} ATen nodes), "
+        f"parameters: {fmt_bytes(problem.param_bytes)}, inputs: {fmt_bytes(problem.input_bytes)}\n"
+        f"store_all_peak: {fmt_bytes(problem.store_all_peak)} ({problem.store_all_peak} bytes), "
+        f"store-all time: {problem.store_all_time * 1e3:.1f} ms ({problem.cost_model} costs)\n"
+        f"core.analyze took {seconds:.1f} s"
+    )
+    return 0
+
+
+def _plan(args: argparse.Namespace, rest: list[str]) -> int:
+    import core
+    from core.solvers import available_methods
+
+    _, problem, seconds = _analyze(args)
+    method = args.method or ("rockmate" if "rockmate" in available_methods() else "sqrt_n")
+    plan = core.solve(problem, args.budget, method=method)
+    plan.save(args.output)
+    for note in plan.notes:
+        print(f"note: {note}")
+    print(
+        f"{method} plan for {args.model} at {fmt_bytes(plan.budget)}: predicted peak "
+        f"{fmt_bytes(plan.predicted_peak)} ({plan.predicted_peak / problem.store_all_peak:.0%} of "
+        f"store-all), overhead {plan.overhead - 1:+.1%}, {plan.recomputed_ops} recomputed ops; "
+        f"solved in {plan.solve_seconds:.2f} s; written to {args.output}"
+    )
+    return 0
+
+
+def _show(args: argparse.Namespace, rest: list[str]) -> int:
+    import core
+
+    plan = core.load_plan(args.path)
+    runs = sum(1 for k, _ in plan.program if k == "run")
+    meta = plan.graph_meta
+    print(
+        f"plan {args.path}: method {plan.method}, budget {fmt_bytes(plan.budget)}\n"
+        f"  predicted peak {fmt_bytes(plan.predicted_peak)}, overhead {plan.overhead - 1:+.1%}\n"
+        f"  program: {len(plan.program)} instructions ({runs} op runs), backward from "
+        f"{plan.backward_start}\n"
+        f"  for a graph of {meta.get('n_nodes')} ATen nodes, {len(meta.get('params', []))} "
+        f"parameters, inputs {meta.get('inputs')}"
+    )
+    for note in plan.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.runtime:
+        from core.overhead import main as runtime_main
+
+        return runtime_main(rest)
+    if args.solvers:
+        from core.tradeoff import bench_solvers
+
+        print(bench_solvers())
+        return 0
+    if args.app:
+        from app.bench import bench_app
+
+        print(bench_app())
+        return 0
+    from core.bench import main as bench_main
+
+    return bench_main(rest)
+
+
+def _app(args: argparse.Namespace, rest: list[str]) -> int:
+    from app.server import serve
+
+    serve(host=args.host, port=args.port, model=args.model, debug=args.app_debug)
+    return 0
+
+
+def _ranges(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids[:6]) + (" ..." if len(ids) > 6 else "")

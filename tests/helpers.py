@@ -1,0 +1,38 @@
+"""Shared test helpers: eager reference steps and plan steps measured the same way."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from core.memory import StorageTracker, step_tensors
+from sample_models import build
+
+
+def fresh(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return build(name)
+
+
+def measured_step(
+    model: nn.Module, inputs: tuple, seed: int = 1, run: nn.Module | None = None
+) -> tuple[int, float, dict[str, torch.Tensor]]:
+    """One training step of `run` (default: the model) from zero grads under a storage tracker:
+    (peak bytes, loss, grads of the model's parameters)."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    with StorageTracker(step_tensors(model, inputs)) as tracker:
+        loss = (run or model)(*inputs)
+        loss.backward()
+    loss = loss.detach()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return tracker.peak, loss.item(), grads
+
+
+def assert_same_grads(got: dict, want: dict) -> float:
+    """assert_close on every gradient (default tolerances); returns the max abs difference."""
+    assert got.keys() == want.keys()
+    worst = 0.0
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], msg=lambda m, n=name: f"{n}: {m}")
+        worst = max(worst, (got[name] - want[name]).abs().max().item())
+    return worst
