@@ -215,8 +215,9 @@ def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
     if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
         return PlannedModule(model, problem.graph, plan)
     _check_params(model, plan)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     example = [
-        torch.zeros(shape, dtype=getattr(torch, dtype)).requires_grad_(requires_grad)
+        torch.zeros(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(requires_grad)
         for shape, dtype, requires_grad in plan.graph_meta["inputs"]
     ]
     graph = build_graph(capture(model, example))

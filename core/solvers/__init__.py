@@ -15,7 +15,7 @@ from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.problem import Problem
 from core.schedule import Plan
 
-METHODS = ("store_all", "checkpoint_blocks", "sqrt_n")
+METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "checkmate")
 
 _UNITS = {
     "": 1,
@@ -68,17 +68,14 @@ def solve(problem: Problem, budget: int | float | str, method: str = "rockmate")
     peak = problem.store_all_peak
     asked = parse_budget(budget, peak)
     notes = []
-    effective = asked
-    if asked >= peak:
-        effective = peak
-        if asked > peak:
-            notes.append(
-                f"the budget {fmt_bytes(asked)} is above the store-all peak {fmt_bytes(peak)}: "
-                "nothing needs recomputing, so this is the store-all plan"
-            )
+    effective = min(asked, peak)
+    if asked > peak:
+        notes.append(
+            f"the budget {fmt_bytes(asked)} is above the store-all peak {fmt_bytes(peak)}: "
+            f"planned for {fmt_bytes(peak)}, where nothing needs recomputing"
+        )
     start = time.perf_counter()
-    module = import_module(f"core.solvers.{method}")
-    plan = module.solve(problem, effective) if asked < peak else _store_all(problem, method)
+    plan = import_module(f"core.solvers.{method}").solve(problem, effective)
     plan.solve_seconds = time.perf_counter() - start
     plan.budget = asked
     plan.notes = notes + plan.notes
@@ -89,16 +86,3 @@ def solve(problem: Problem, budget: int | float | str, method: str = "rockmate")
 
 def available_methods() -> tuple[str, ...]:
     return METHODS
-
-
-def _store_all(problem: Problem, method: str) -> Plan:
-    base = problem.store_all_plan
-    return Plan(
-        list(base.program),
-        base.backward_start,
-        method,
-        0,
-        base.fingerprint,
-        problem,
-        graph_meta=base.graph_meta,
-    )

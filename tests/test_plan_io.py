@@ -1,0 +1,107 @@
+"""Plan files: plain data, a loader that never runs code, clear errors for bad files."""
+
+import pickle
+import time
+
+import pytest
+import torch
+from helpers import assert_same_grads, fresh, measured_step
+
+import core
+from core.errors import PlanFileError
+from core.plan_io import VERSION, plan_to_data
+from core.trace import capture
+
+
+@pytest.fixture(scope="module")
+def gpt_tiny_plan():
+    model, inputs = fresh("gpt-tiny")
+    return core.solve(core.analyze(model, inputs), 0.6, method="checkpoint_blocks")
+
+
+def test_round_trip_applies_and_matches(tmp_path, gpt_tiny_plan):
+    path = tmp_path / "plan.pkl"
+    gpt_tiny_plan.save(path)
+    loaded = core.load_plan(path)
+    assert loaded.program == gpt_tiny_plan.program
+    assert loaded.predicted_peak == gpt_tiny_plan.predicted_peak
+    model, inputs = fresh("gpt-tiny")
+    _, _, want = measured_step(model, inputs)
+    peak, _, got = measured_step(model, inputs, run=core.apply_plan(model, loaded))
+    assert_same_grads(got, want)
+    assert peak == pytest.approx(gpt_tiny_plan.predicted_peak, rel=0.05)
+
+
+def test_file_holds_plain_data_only(tmp_path, gpt_tiny_plan):
+    path = tmp_path / "plan.pkl"
+    gpt_tiny_plan.save(path)
+    ops = {op.name for op, _, _ in __import__("pickletools").genops(path.read_bytes())}
+    assert not ops & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ"}
+
+
+def test_truncated(tmp_path, gpt_tiny_plan):
+    path = tmp_path / "plan.pkl"
+    gpt_tiny_plan.save(path)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(PlanFileError, match="truncated"):
+        core.load_plan(path)
+
+
+def test_random_bytes(tmp_path):
+    path = tmp_path / "plan.pkl"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(PlanFileError):
+        core.load_plan(path)
+
+
+def test_another_programs_pickle(tmp_path):
+    path = tmp_path / "plan.pkl"
+    path.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    with pytest.raises(PlanFileError, match="not a Remat Studio plan"):
+        core.load_plan(path)
+    path.write_bytes(pickle.dumps(torch.nn.Linear(2, 2)))
+    with pytest.raises(PlanFileError, match="refusing"):
+        core.load_plan(path)
+
+
+def test_newer_version(tmp_path, gpt_tiny_plan):
+    data = plan_to_data(gpt_tiny_plan)
+    data["version"] = VERSION + 1
+    path = tmp_path / "plan.pkl"
+    path.write_bytes(pickle.dumps(data))
+    with pytest.raises(PlanFileError, match="newer"):
+        core.load_plan(path)
+
+
+class _Payload:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_hostile_pickle_never_runs(tmp_path):
+    victim = tmp_path / "pwned.txt"
+    path = tmp_path / "plan.pkl"
+    path.write_bytes(pickle.dumps({"format": "remat-studio-plan", "x": _Payload(str(victim))}))
+    with pytest.raises(PlanFileError, match="refusing"):
+        core.load_plan(path)
+    assert not victim.exists()
+
+
+def test_load_and_apply_gpt2_small_is_fast(tmp_path):
+    """Loading and applying a saved plan does not re-solve: under 2 s beyond the trace."""
+    preset = __import__("sample_models").REGISTRY["gpt2-small"]
+    with torch.device("meta"):
+        model, inputs = preset.make_model(), preset.make_inputs()
+    plan = core.solve(core.analyze(model, inputs), 0.5, method="checkpoint_blocks")
+    path = tmp_path / "plan.pkl"
+    plan.save(path)
+    traced = time.perf_counter()
+    capture(model, inputs)  # what apply_plan spends on the trace itself
+    trace_seconds = time.perf_counter() - traced
+    start = time.perf_counter()
+    core.apply_plan(model, core.load_plan(path))
+    total = time.perf_counter() - start
+    assert total - trace_seconds < 2.0, (total, trace_seconds)
