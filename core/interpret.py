@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from core.trace import AtenNode, Ref
+from core.trace import AtenNode, Ref, fast_callable
 
 
 def resolve(arg: Any, env: dict[int, Any]) -> Any:
@@ -18,8 +19,59 @@ def resolve(arg: Any, env: dict[int, Any]) -> Any:
     return arg
 
 
+@dataclass(frozen=True)
+class Call:
+    """A node's call with its argument building precomputed: the runtime's hot path."""
+
+    index: int
+    target: Any
+    template: tuple  # positional args with constants in place
+    refs: tuple[tuple[int, int], ...]  # (position, node) for top-level references
+    nested: tuple[tuple[int, Any], ...]  # (position, structure) holding references deeper
+    kwargs: dict
+    kwargs_have_refs: bool
+
+    def args(self, env: dict[int, Any]) -> list:
+        args = list(self.template)
+        for pos, n in self.refs:
+            args[pos] = env[n]
+        for pos, sub in self.nested:
+            args[pos] = resolve(sub, env)
+        return args
+
+    def __call__(self, env: dict[int, Any]) -> Any:
+        kwargs = resolve(self.kwargs, env) if self.kwargs_have_refs else self.kwargs
+        return self.target(*self.args(env), **kwargs)
+
+
+def compile_node(node: AtenNode) -> Call:
+    refs, nested = [], []
+    for pos, a in enumerate(node.args):
+        if isinstance(a, Ref):
+            refs.append((pos, a.index))
+        elif _has_ref(a):
+            nested.append((pos, a))
+    return Call(
+        node.index,
+        fast_callable(node.target),
+        tuple(node.args),
+        tuple(refs),
+        tuple(nested),
+        dict(node.kwargs),
+        _has_ref(node.kwargs),
+    )
+
+
 def run_node(node: AtenNode, env: dict[int, Any]) -> Any:
     """Call one ATen node with its arguments taken from `env`; returns its result."""
-    args = resolve(node.args, env) if node.reads else node.args
-    kwargs = resolve(node.kwargs, env) if node.reads and node.kwargs else node.kwargs
-    return node.target(*args, **kwargs)
+    return compile_node(node)(env)
+
+
+def _has_ref(arg: Any) -> bool:
+    if isinstance(arg, Ref):
+        return True
+    if isinstance(arg, (tuple, list)):
+        return any(_has_ref(a) for a in arg)
+    if isinstance(arg, dict):
+        return any(_has_ref(a) for a in arg.values())
+    return False

@@ -23,18 +23,20 @@ from torch import nn
 
 from core.errors import PlanMismatch
 from core.graph import Graph, build_graph
-from core.interpret import resolve
-from core.schedule import FREE, RUN, Plan
+from core.interpret import Call, compile_node
+from core.schedule import FREE, Plan
 from core.trace import TensorSpec, capture, unflatten_output
 
-# one compiled instruction: (RUN, nodes, recompute) or (FREE, node keys to drop)
+# how a node runs: normally, replaying its random state, on copies of the state it writes, or not
 _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
 
 
 @dataclass
 class _Instr:
-    kind: str
-    items: tuple  # RUN: ((node index, mode), ...); FREE: node indices to drop
+    """One RUN with the FREEs that follow it, compiled: the loop the runtime walks."""
+
+    calls: tuple  # ((call, mode, random), ...)
+    drop: tuple[int, ...]  # env keys to drop afterwards: freed values, tuple results
 
 
 class _Program:
@@ -44,63 +46,62 @@ class _Program:
         self.graph = graph
         nodes = graph.trace.nodes
         placeholders = {v.index for v in graph.values if v.is_placeholder}
+        calls = {n: compile_node(nodes[n]) for op in graph.ops for n in op.nodes}
         seen: set[int] = set()
         compiled: list[_Instr] = []
-        for kind, target in plan.program:
-            if kind == RUN:
-                op = graph.ops[target]
-                recompute = target in seen
-                seen.add(target)
-                items = []
-                for n in op.nodes:
-                    node = nodes[n]
-                    writes_state = any(
-                        s in placeholders for w in node.writes for s in nodes[w].storages
-                    )
-                    mode = _NORMAL
-                    if recompute and node.random:
-                        mode = _REPLAY_RNG
-                    elif recompute and writes_state:
-                        mode = _SKIP if not op.outputs else _COPY_STATE
-                    items.append((n, mode))
-                drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
-                compiled.append(_Instr(RUN, (tuple(items), drop)))
-            elif kind == FREE:
-                compiled.append(_Instr(FREE, graph.value_nodes.get(target, ())))
-        self.forward = compiled[: plan.backward_start]
-        self.backward = compiled[plan.backward_start :]
-        self.random_nodes = [
-            n for op in graph.ops if op.random for n in op.nodes if nodes[n].random
-        ]
+        split = 0
+        for i, (kind, target) in enumerate(plan.program):
+            if i == plan.backward_start:
+                split = len(compiled)
+            if kind == FREE:  # a FREE joins the RUN before it (none precedes the first RUN)
+                compiled[-1].drop += graph.value_nodes.get(target, ())
+                continue
+            op = graph.ops[target]
+            recompute = target in seen
+            seen.add(target)
+            items = []
+            for n in op.nodes:
+                node = nodes[n]
+                writes_state = any(
+                    s in placeholders for w in node.writes for s in nodes[w].storages
+                )
+                mode = _NORMAL
+                if recompute and node.random:
+                    mode = _REPLAY_RNG
+                elif recompute and writes_state:
+                    mode = _SKIP if not op.outputs else _COPY_STATE
+                if mode != _SKIP:
+                    items.append((calls[n], mode, node.random))
+            drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
+            compiled.append(_Instr(tuple(items), drop))
+        if plan.backward_start >= len(plan.program):
+            split = len(compiled)
+        self.prologue = [compile_node(nodes[n]) for n in graph.prologue]
+        self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
+        self.forward = compiled[:split]
+        self.backward = compiled[split:]
 
     def run(self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any]) -> None:
-        nodes = self.graph.trace.nodes
+        pop = env.pop
         for ins in instrs:
-            if ins.kind == FREE:
-                for n in ins.items:
-                    env.pop(n, None)
-                continue
-            items, drop = ins.items
-            for n, mode in items:
-                node = nodes[n]
-                if mode == _SKIP:
-                    continue
-                args = resolve(node.args, env)
-                kwargs = resolve(node.kwargs, env) if node.kwargs else {}
-                if mode == _NORMAL:
-                    if node.random:
-                        rng[n] = _get_rng(args)
-                    env[n] = node.target(*args, **kwargs)
+            for call, mode, random in ins.calls:
+                if mode == _NORMAL and not random:
+                    env[call.index] = call(env)
+                elif mode == _NORMAL:
+                    rng[call.index] = _get_rng(call.args(env))
+                    env[call.index] = call(env)
                 elif mode == _REPLAY_RNG:
+                    args = call.args(env)
                     now = _get_rng(args)
-                    _set_rng(args, rng[n])
-                    env[n] = node.target(*args, **kwargs)
+                    _set_rng(args, rng[call.index])
+                    env[call.index] = call(env)
                     _set_rng(args, now)
                 else:  # _COPY_STATE: the recompute must not touch model state again
-                    args, kwargs = _copy_written(node, args, kwargs)
-                    env[n] = node.target(*args, **kwargs)
-            for n in drop:
-                env.pop(n, None)
+                    node = self.graph.trace.nodes[call.index]
+                    args, kwargs = _copy_written(node, call.args(env), call.kwargs)
+                    env[call.index] = call.target(*args, **kwargs)
+            for n in ins.drop:
+                pop(n, None)
 
 
 class _StepState:
@@ -121,7 +122,7 @@ class _PlanFunction(torch.autograd.Function):
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
         for i, t in zip(placeholders, values, strict=True):
             env[i] = t
-        _run_prologue(trace, runner._graph.prologue, env)
+        _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
         program.run(program.forward, env, rng)
         outputs = tuple(env[n] for n in trace.outputs)
@@ -150,7 +151,7 @@ class _PlanFunction(torch.autograd.Function):
             step.env = None
         for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
             env[t] = grad_outputs[out]
-        _run_prologue(trace, program.graph.tangent_prologue, env)
+        _run_prologue(program.tangent_prologue, env)
         program.run(program.backward, env, step.rng)
         grads = [env[g] if g is not None else None for g in trace.grads]
         env.clear()
@@ -173,14 +174,14 @@ class PlannedModule(nn.Module):
         trace = graph.trace
         params = dict(model.named_parameters())
         self._param_names = trace.param_names
-        self._state_names = trace.state_names
+        self._state_slots = [_slot(model, name) for name in trace.state_names]
         self._params = [params[n] for n in trace.param_names]
         self._input_specs = trace.input_specs
         self._grad_inputs = set(trace.grad_inputs)
 
     def _state_tensors(self) -> list[torch.Tensor]:
-        named = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        return [named[n] for n in self._state_names]
+        """Buffers and frozen parameters, looked up each step (they may be reassigned)."""
+        return [getattr(mod, attr) for mod, attr in self._state_slots]
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if not (torch.is_grad_enabled() and self.model.training):
@@ -206,6 +207,11 @@ class PlannedModule(nn.Module):
             if x.requires_grad != (i in self._grad_inputs):
                 need = "requires" if i in self._grad_inputs else "does not require"
                 raise PlanMismatch(f"input {i}: the plan was made for an input that {need} grad")
+
+
+def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    module, _, attr = name.rpartition(".")
+    return model.get_submodule(module), attr
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
@@ -250,11 +256,10 @@ def _check_params(model: nn.Module, plan: Plan) -> None:
                 )
 
 
-def _run_prologue(trace, nodes: tuple[int, ...], env: dict[int, Any]) -> None:
+def _run_prologue(calls: list[Call], env: dict[int, Any]) -> None:
     """Views of placeholders (a weight's transpose): they allocate nothing."""
-    for n in nodes:
-        node = trace.nodes[n]
-        env[n] = node.target(*resolve(node.args, env), **resolve(node.kwargs, env))
+    for call in calls:
+        env[call.index] = call(env)
 
 
 def _tensor_in(args: Any) -> torch.Tensor | None:
@@ -288,6 +293,7 @@ def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     from core.trace import aliases_schema_write, undeclared_writes
 
     args = list(args)
+    kwargs = dict(kwargs)
     for pos, name in aliases_schema_write(node.target) + undeclared_writes(node.target, args):
         if pos < len(args) and isinstance(args[pos], torch.Tensor):
             args[pos] = args[pos].clone()
