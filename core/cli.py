@@ -191,3 +191,7 @@ def _app(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _ranges(ids: list[int]) -> str:
     return ", ".join(str(i) for i in ids[:6]) + (" ..." if len(ids) > 6 else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

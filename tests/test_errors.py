@@ -1,0 +1,106 @@
+"""Bad input gets a clear error that says what is wrong and what to do."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import core
+from core.errors import BudgetError, InfeasibleBudget
+from core.solvers import parse_budget
+from sample_models import build
+
+
+@pytest.fixture(scope="module")
+def problem():
+    model, inputs = build("gpt-tiny")
+    return core.analyze(model, inputs)
+
+
+@pytest.mark.parametrize("budget", [0, -5, 0.0, -0.5, float("nan"), "", "lots", "-3GB", True])
+def test_bad_budgets_are_refused(problem, budget):
+    with pytest.raises(BudgetError):
+        core.solve(problem, budget, method="store_all")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2GB", 2 * 10**9), ("512MiB", 512 * 2**20), ("1.5 kB", 1500), ("4096", 4096), ("3e3B", 3000)],
+)
+def test_budget_strings(text, expected):
+    assert parse_budget(text, 10**12) == expected
+
+
+def test_percent_and_fraction(problem):
+    peak = problem.store_all_peak
+    assert parse_budget("50%", peak) == parse_budget(0.5, peak) == int(0.5 * peak)
+
+
+def test_budget_above_store_all_gives_store_all_with_a_note(problem):
+    plan = core.solve(problem, "150%", method="sqrt_n")
+    assert plan.predicted_peak <= problem.store_all_peak
+    assert any("above the store-all peak" in n for n in plan.notes)
+
+
+def test_budget_below_minimum_names_the_minimum(problem):
+    with pytest.raises(InfeasibleBudget) as err:
+        core.solve(problem, 0.05, method="checkpoint_blocks")
+    minimum = err.value.minimum
+    assert minimum > 0.05 * problem.store_all_peak
+    assert str(minimum) in str(err.value)
+    core.solve(problem, minimum, method="checkpoint_blocks")  # the minimum itself fits
+
+
+class _Nonzero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.pick = _Pick()
+
+    def forward(self, x):
+        return self.pick(self.proj(x)).sum()
+
+
+class _Pick(nn.Module):
+    def forward(self, x):
+        return x[x > 0]  # boolean indexing: output shape depends on the data
+
+
+def test_op_with_data_dependent_shape_names_op_and_module():
+    with pytest.raises(core.UnsupportedModel) as err:
+        core.analyze(_Nonzero(), (torch.randn(3, 4),))
+    assert "pick (_Pick)" in str(err.value)
+    assert "aten.nonzero" in str(err.value) or "output shape depends on the data" in str(err.value)
+
+
+def test_wrong_example_inputs_are_an_unsupported_model_error():
+    with pytest.raises(core.UnsupportedModel, match="example inputs"):
+        core.analyze(nn.Linear(4, 4), (torch.randn(3, 5),))
+
+
+def _remat(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "core.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_error_is_one_line_exit_2():
+    result = _remat("plan", "gpt-tiny", "--budget", "1%", "--method", "checkpoint_blocks")
+    assert result.returncode == 2
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and "Warning" not in ln]
+    assert lines[-1].startswith("error: no 'checkpoint_blocks' plan fits")
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_debug_shows_traceback():
+    result = _remat("--debug", "plan", "no-such-model", "--budget", "50%")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "error: unknown model" in result.stderr
+
+
+def test_cli_bad_budget_and_missing_file(tmp_path):
+    assert "error: cannot read the budget" in _remat("plan", "mlp-tiny", "--budget", "x").stderr
+    result = _remat("show", str(tmp_path / "missing.pkl"))
+    assert result.returncode == 2 and "error: cannot read plan file" in result.stderr
