@@ -39,12 +39,12 @@ class DeviceSpec:
     fresh_threshold: int = 0
 
 
-# "cpu": this machine (AMD EPYC, torch 2.13.0+cpu), 1 thread, measured 2025 while writing this
-# module (median of 9 runs): fp32 2048x2048 matmul 85 GFLOP/s; `x + y` on 1-4M float32 elements
-# (all in and out bytes) 42-44 GB/s, on 16M elements 30 GB/s; on 32M elements (128 MB, above
-# glibc's 32 MB mmap threshold) 4.3 GB/s, which is 1.8 GB/s of page faults on the new output on
-# top of the 22 GB/s the same add reaches with `out=`; `aten.add` of one-element tensors called
-# through `run_node` 2.7 us, plus Python overhead as a step runs it.
+# "cpu": this machine (AMD EPYC, 2 cores, torch 2.13.0+cpu), 1 thread, measured on 2026-11-21
+# when this module was written (median of 9 runs): fp32 2048x2048 matmul 85 GFLOP/s; `x + y`
+# counting all in and out bytes 42-44 GB/s on 1-4M float32 elements and 30 GB/s on 16M, hence
+# 35 GB/s; on 32M elements (128 MB, above glibc's 32 MB mmap threshold) 4.3 GB/s, i.e. 1.8 GB/s
+# of page faults on the new output on top of the 22 GB/s the same add reaches with `out=`;
+# `aten.add` of one-element tensors through `run_node` 2.7 us, 4 us with a step's bookkeeping.
 # GPUs: datasheet peaks (NVIDIA A100/H100/V100 and Ada RTX 4090 datasheets, dense, no sparsity)
 # derated to 70% of compute and 80% of bandwidth, what large kernels sustain in practice.
 # `flops` is plain fp32 (PyTorch leaves TF32 matmuls off by default), `half_flops` the fp16/bf16
@@ -82,6 +82,8 @@ _ALLOCATE_ONLY = {
     torch.ops.aten.new_empty_strided.default,
 }
 _HALF = {"float16", "bfloat16"}
+# Distinct random values per measured input tensor.
+_POOL = 1 << 16
 
 
 def estimate_times(graph: Graph, device: DeviceSpec | str = "cpu") -> list[float]:
@@ -100,10 +102,13 @@ def measure_times(
     repeats: int = 5,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[float]:
-    """Per-op seconds measured on real tensors on the graph's device, 1 thread, median of `repeats` runs; ops with an identical signature are timed once.
+    """Per-op seconds measured on real tensors, 1 thread, median of `repeats` runs.
 
-    Each op runs its ATen nodes in order through `run_node`, as the runtime does, on fresh
-    inputs: floats random normal, integers zeros (valid indices), bools random. The caller's
+    Ops with an identical signature (`op_signature`) are timed once, so identical layers cost
+    one measurement. Traces record no device, so ops run on this machine's CPU. Each op runs
+    its ATen nodes in order through `run_node`, as the runtime does, on fresh inputs: floats
+    random normal, integers zeros (valid indices), bools random. Time is the measuring
+    thread's CPU time, so other processes sharing the cores do not inflate it. The caller's
     thread count and random state are left as they were. `progress(done, total)` is called
     after each distinct signature is timed; `total` is the number of distinct signatures.
     """
@@ -132,7 +137,7 @@ def measure_times(
 def assign_times(
     graph: Graph, model: str = "estimated", device: DeviceSpec | str = "cpu", **kw: Any
 ) -> None:
-    """Fill op.time for every op of graph.ops using the chosen cost model ("estimated" or "measured").
+    """Fill op.time for every op of graph.ops by the cost model "estimated" or "measured".
 
     `device` picks the spec of the estimate; `kw` goes to `measure_times` (repeats, progress).
     """
@@ -224,10 +229,10 @@ def _flops(trace: Trace, node: AtenNode) -> int:
 
 
 def _time_op(trace: Trace, op: Op, repeats: int) -> float:
-    """Median seconds of running the op's nodes on fresh inputs: warm-up once, then repeat.
+    """Median CPU seconds of running the op's nodes on fresh inputs: warm-up once, then repeat.
 
     A warm-up that already takes `_TIME_BUDGET` is the measurement; the repeats stop once
-    their total does.
+    their total, warm-up included, does.
     """
     nodes = [trace.nodes[n] for n in op.nodes]
     inside = set(op.nodes)
@@ -236,16 +241,16 @@ def _time_op(trace: Trace, op: Op, repeats: int) -> float:
 
     def run() -> float:
         env = dict(inputs)
-        start = time.perf_counter()
+        start = time.thread_time()
         for node in nodes:
             env[node.index] = run_node(node, env)
-        return time.perf_counter() - start
+        return time.thread_time() - start
 
     warm = run()
     if warm >= _TIME_BUDGET:
         return warm
     runs: list[float] = []
-    while len(runs) < repeats and sum(runs) < _TIME_BUDGET:
+    while len(runs) < repeats and warm + sum(runs) < _TIME_BUDGET:
         runs.append(run())
     return statistics.median(runs)
 
@@ -263,15 +268,19 @@ def _make(node: AtenNode, factory: Callable[[Any, tuple[int, ...]], torch.Tensor
 
 
 def _random(spec: Any, stride: tuple[int, ...]) -> torch.Tensor:
-    """Floats random normal, integers zeros (valid indices), bools random; any strides."""
+    """Floats random normal, integers zeros (valid indices), bools random; any strides.
+
+    Random values repeat with a period of `_POOL`: drawing them is slower than most ops on
+    1 thread, and an op's time does not depend on them.
+    """
     size = 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride)) if all(spec.shape) else 0
-    base = torch.empty(size, dtype=_dtype(spec.dtype))
-    if base.is_floating_point() or base.is_complex():
-        base.normal_()
-    elif base.dtype == torch.bool:
-        base.bernoulli_(0.5)
-    else:
-        base.zero_()
+    base = torch.zeros(size, dtype=_dtype(spec.dtype))
+    if size and (base.is_floating_point() or base.is_complex() or base.dtype == torch.bool):
+        pool = torch.randn(min(size, _POOL))
+        pool = pool > 0 if base.dtype == torch.bool else pool
+        copies, rest = divmod(size, pool.numel())
+        base[: size - rest].view(copies, -1).copy_(pool.expand(copies, -1))
+        base[size - rest :].copy_(pool[:rest])
     return base.as_strided(spec.shape, stride)
 
 
