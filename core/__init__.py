@@ -6,6 +6,7 @@ from core.problem import Problem, analyze
 from core.runtime import apply_plan
 from core.schedule import Plan
 from core.solvers import parse_budget, solve
+from core.tradeoff import tradeoff
 
 __all__ = [
     "InfeasibleBudget",
@@ -19,4 +20,5 @@ __all__ = [
     "load_plan",
     "parse_budget",
     "solve",
+    "tradeoff",
 ]

@@ -88,20 +88,26 @@ class _Program:
                 if mode == _NORMAL and not random:
                     env[call.index] = call(env)
                 elif mode == _NORMAL:
-                    rng[call.index] = _get_rng(call.args(env))
+                    rng[call.index] = _get_rng(_tensor_in(call.args(env)))
                     env[call.index] = call(env)
                 elif mode == _REPLAY_RNG:
-                    args = call.args(env)
-                    now = _get_rng(args)
-                    _set_rng(args, rng[call.index])
-                    env[call.index] = call(env)
-                    _set_rng(args, now)
+                    self._replay(call, env, rng[call.index])
                 else:  # _COPY_STATE: the recompute must not touch model state again
                     node = self.graph.trace.nodes[call.index]
                     args, kwargs = _copy_written(node, call.args(env), call.kwargs)
                     env[call.index] = call.target(*args, **kwargs)
+                    del args, kwargs  # a local reference would outlive the program's FREE
             for n in ins.drop:
                 pop(n, None)
+
+    @staticmethod
+    def _replay(call: Call, env: dict[int, Any], state: Any) -> None:
+        """Run a random node again with the random state of its first run, then restore."""
+        device_of = _tensor_in(call.args(env))
+        now = _get_rng(device_of)
+        _set_rng(device_of, state)
+        env[call.index] = call(env)
+        _set_rng(device_of, now)
 
 
 class _StepState:
@@ -273,15 +279,13 @@ def _tensor_in(args: Any) -> torch.Tensor | None:
     return None
 
 
-def _get_rng(args: Any) -> Any:
-    t = _tensor_in(args)
+def _get_rng(t: torch.Tensor | None) -> Any:
     if t is not None and t.device.type == "cuda":
         return torch.cuda.get_rng_state(t.device)
     return torch.get_rng_state()
 
 
-def _set_rng(args: Any, state: Any) -> None:
-    t = _tensor_in(args)
+def _set_rng(t: torch.Tensor | None, state: Any) -> None:
     if t is not None and t.device.type == "cuda":
         torch.cuda.set_rng_state(state, t.device)
     else:

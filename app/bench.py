@@ -1,0 +1,145 @@
+"""Browser benchmark of the app: `remat bench --app` calls `bench_app()`.
+
+Measures, in headless Chromium, (1) opening the app on gpt-tiny to a usable page (timeline
+drawn) from the start of a `serve()` process (imports included), and (2) on gpt2-small, a budget-slider key press to
+the updated timeline painted (plotly's afterplot, then the next animation frame), median of
+`moves` presses. Needs Debian's chromium (`apt-get install chromium`) and playwright.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+READY_JS = """() => { const g = document.querySelector('#timeline .js-plotly-plot');
+  return !!(g && g.data && g.data.length > 3 && g.layout.meta && g.layout.meta.budget_pct); }"""
+
+# Resolves when the timeline is painted with the figure for budget `pct` (layout.meta).
+PAINTED_JS = """(pct) => { window.__painted = new Promise(resolve => {
+  const gd = document.querySelector('#timeline .js-plotly-plot');
+  const done = () => requestAnimationFrame(() => requestAnimationFrame(
+      () => resolve(performance.now())));
+  const check = () => {
+    if (gd.layout.meta && gd.layout.meta.budget_pct === pct) { gd.removeListener('plotly_afterplot', check); done(); }
+  };
+  gd.on('plotly_afterplot', check);
+}); }"""
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def serve_in_thread(app) -> tuple[str, object]:
+    """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, server)."""
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = make_server("127.0.0.1", 0, app.server, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/", server
+
+
+def choose(page, dropdown_id: str, value: str) -> None:
+    """Pick `value` in a Dash 4 dropdown."""
+    page.click(f"#{dropdown_id}")
+    page.locator(f"[role=option]:has(input[value='{value}'])").click()
+
+
+def wait_ready(page, model: str, timeout_ms: float = 300_000) -> None:
+    page.wait_for_function(
+        """(model) => { const g = document.querySelector('#timeline .js-plotly-plot');
+          const t = document.querySelector('#intro b');
+          return !!(g && g.data && g.data.length > 3 && t && t.textContent === model); }""",
+        arg=model,
+        timeout=timeout_ms,
+    )
+
+
+def slider_value(page) -> float:
+    return float(page.locator("#budget [role=slider]").get_attribute("aria-valuenow"))
+
+
+def bench_app(model: str = "gpt2-small", moves: int = 15, chromium: str | None = None) -> dict:
+    """Open the app (time to usable page on gpt-tiny), then time slider moves on `model`.
+
+    Returns {"open_s", "model", "analyse_s", "move_ms": [...], "median_ms", "method"}.
+    """
+    from playwright.sync_api import sync_playwright
+
+    path = chromium or shutil.which("chromium") or "/usr/bin/chromium"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/"
+    start = time.perf_counter()
+    server = subprocess.Popen(  # what `remat app` runs, in its own process
+        [sys.executable, "-c", f"from app.server import serve; serve(port={port})"],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    result: dict = {"model": model}
+    try:
+        _wait_http(url, server)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            wait_ready(page, "gpt-tiny", 60_000)
+            result["open_s"] = round(time.perf_counter() - start, 2)
+            t = time.perf_counter()
+            choose(page, "model", model)
+            wait_ready(page, model)
+            result["analyse_s"] = round(time.perf_counter() - t, 2)
+            result["method"] = page.locator("#method").inner_text()
+            slider = page.locator("#budget [role=slider]")
+            slider.focus()
+            times = []
+            for i in range(moves):
+                key = "ArrowLeft" if i % 4 < 2 else "ArrowRight"
+                before = slider_value(page)
+                target = before - 0.5 if key == "ArrowLeft" else before + 0.5
+                page.evaluate(PAINTED_JS, target)
+                t0 = page.evaluate("() => performance.now()")
+                page.keyboard.press(key)
+                t1 = page.evaluate("() => window.__painted")
+                times.append(round(t1 - t0, 1))
+            result["move_ms"] = times
+            result["median_ms"] = statistics.median(times)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    return result
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the app server exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"the app did not answer on {url} within {timeout} s")
+
+
+if __name__ == "__main__":
+    print(bench_app())

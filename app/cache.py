@@ -1,0 +1,139 @@
+"""What the app keeps between requests: analysed problems, plans and trade-off curves.
+
+Everything lives in this process (a `Problem` holds traced ATen ops, which do not pickle), so
+serve with one worker process and several threads. Analysing a model takes seconds to a
+minute and its `Problem` can hold hundreds of MB of graph for big models, so at most
+`PROBLEMS` (4) problems are kept, least recently used first out. Plans are cheap to redo
+but sit on the slider's path, so the last `PLANS` (64) are kept.
+
+Background callbacks: Dash's `DiskcacheManager` runs each job in a child process, whose
+results would have to be pickled back. `ThreadedDiskcacheManager` keeps Dash's machinery
+(diskcache for results and progress, polling, `running`, `cancel`) but runs the job in a
+thread of this process, so the problem it analyses lands in the cache the other callbacks read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from dash import DiskcacheManager
+
+PROBLEMS = 4
+PLANS = 64
+DERIVED = 64
+
+
+class LRU:
+    """A thread-safe least-recently-used map with at most `size` entries."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"an LRU holds at least one entry, not {size}")
+        self.size = size
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.RLock()
+        self._key_locks: dict[Hashable, threading.Lock] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._data)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return default
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The cached value, or `make()` stored; two threads asking for one key make it once."""
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if key in self._data:
+                    return self._data[key]
+            value = make()
+            self.put(key, value)
+            with self._lock:
+                self._key_locks.pop(key, None)
+            return value
+
+
+class Cancelled(Exception):
+    """The page asked to stop a background job (a new model was chosen meanwhile)."""
+
+
+_job_state = threading.local()
+
+
+def check_cancelled() -> None:
+    """Raise `Cancelled` inside a background job whose page cancelled it."""
+    event = getattr(_job_state, "cancel", None)
+    if event is not None and event.is_set():
+        raise Cancelled("cancelled")
+
+
+class ThreadedDiskcacheManager(DiskcacheManager):
+    """Dash's diskcache background manager, running each job in a thread of this process."""
+
+    def __init__(self, cache=None) -> None:
+        super().__init__(cache)
+        self._jobs: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def call_job_fn(self, key, job_fn, args, context):
+        cancel = threading.Event()
+
+        def run() -> None:
+            _job_state.cancel = cancel
+            try:
+                job_fn(key, self._make_progress_key(key), args, context)
+            finally:
+                _job_state.cancel = None
+
+        thread = threading.Thread(target=run, daemon=True, name="remat-background")
+        with self._lock:
+            job = next(self._ids)
+            self._jobs[job] = (thread, cancel)
+        thread.start()
+        return job
+
+    def job_running(self, job) -> bool:
+        with self._lock:
+            entry = self._jobs.get(int(job))
+        return entry is not None and entry[0].is_alive()
+
+    def terminate_job(self, job) -> None:
+        if job is None:
+            return
+        with self._lock:
+            entry = self._jobs.pop(int(job), None)
+        if entry is not None:
+            entry[1].set()  # threads cannot be killed: the job checks this and stops
+
+    def terminate_unhealthy_job(self, job) -> bool:
+        return False

@@ -1,0 +1,386 @@
+"""Callbacks: thin glue from page events to `app.state` (core, cached) and `app.figures`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+
+import core
+from app import figures, ids
+from app.cache import Cancelled
+from app.layout import intro
+from app.state import (
+    BASELINES,
+    METHOD_LABELS,
+    Studio,
+    op_fates,
+    percent,
+    slider_minimum,
+    step_view,
+)
+
+HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
+
+
+def plain_error(err: BaseException) -> str:
+    """An exception in words a user can act on."""
+    if isinstance(err, core.UnsupportedModel):
+        return f"This model cannot be traced: {err}"
+    if isinstance(err, core.InfeasibleBudget):
+        return f"Impossible budget: {err}"
+    if isinstance(err, core.errors.RematError):
+        return str(err)
+    return f"Something went wrong ({type(err).__name__}): {err}"
+
+
+def register(app: Dash, studio: Studio) -> None:
+    @app.callback(
+        Output(ids.CONTEXT, "data"),
+        Input(ids.MODEL, "value"),
+        Input(ids.COSTS, "value"),
+        Input(ids.DEVICE, "value"),
+        Input(ids.METHOD, "value"),
+        background=True,
+        progress=[Output(ids.PROGRESS_BAR, "value"), Output(ids.PROGRESS_TEXT, "children")],
+        progress_default=["0", ""],
+        running=[(Output(ids.PROGRESS, "style"), SHOWN, HIDDEN)],
+        cancel=[Input(ids.CANCEL, "n_clicks")],
+        interval=250,
+    )
+    def prepare(set_progress, model, costs, device, method):
+        """Analyse the model (trace, costs, blocks) and the method's trade-off, in the background."""
+        key = studio.key(model, costs, device)
+
+        def report(stage: str, frac: float) -> None:
+            set_progress([str(int(80 * frac)), f"{model}: {stage}…"])
+
+        try:
+            problem = studio.problem(key, report)
+            methods = studio.methods(problem)
+            if method not in methods:
+                method = studio.default_method()
+            set_progress(["85", f"{model}: solving {method} at several budgets…"])
+            minimum = studio.minimum(key, method)
+            for m in BASELINES:
+                if m in methods:
+                    studio.tradeoff(key, m)
+            peak = problem.store_all_peak
+            numbers = {
+                "store_all_peak": peak,
+                "store_all_time": problem.store_all_time,
+                "cost_model": problem.cost_model,
+                "n_blocks": len(problem.blocks),
+            }
+            if "checkpoint_blocks" in methods:
+                ck = studio.tradeoff(key, "checkpoint_blocks")
+                if ck:
+                    p = min(ck, key=lambda p: p.budget)
+                    numbers["ckpt_peak"] = p.peak
+                    numbers["ckpt_time"] = p.overhead * problem.store_all_time
+            set_progress(["100", ""])
+            return {
+                "key": key,
+                "model": model,
+                "method": method,
+                "methods": methods,
+                "peak": peak,
+                "minimum": minimum,
+                "min_pct": slider_minimum(minimum, peak),
+                "numbers": numbers,
+                "error": None,
+            }
+        except Cancelled:
+            raise PreventUpdate from None
+        except Exception as err:  # shown in the page; the app stays up
+            traceback.print_exc()
+            return {"key": None, "model": model, "method": method, "error": plain_error(err)}
+
+    @app.callback(
+        Output(ids.ERROR, "children"),
+        Output(ids.ERROR, "hidden"),
+        Output(ids.METHOD, "options"),
+        Output(ids.METHOD, "value"),
+        Output(ids.BUDGET, "min"),
+        Output(ids.BUDGET, "marks"),
+        Output(ids.BUDGET, "value"),
+        Output(ids.INTRO, "children"),
+        Output(ids.GRAPH, "elements"),
+        Output(ids.TRADEOFF, "figure"),
+        Input(ids.CONTEXT, "data"),
+        State(ids.BUDGET, "value"),
+        State(ids.METHOD, "value"),
+        prevent_initial_call=True,
+    )
+    def show_context(context, value, method):
+        if not context:
+            raise PreventUpdate
+        if context["error"]:
+            return (context["error"], False) + (no_update,) * 8
+        key = context["key"]
+        problem = studio.problem(key)
+        lo = context["min_pct"]
+        if value is None or value < lo or value > 100:
+            value = round((lo + 100) / 4) * 2 if lo < 100 else 100  # middle, on a 0.5 step
+            value = max(lo, min(100, value))
+        marks = {lo: f"{lo:g}%", 100: "100%"}
+        options = [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]]
+        graph = problem.graph
+        elements = figures.graph_elements(problem.blocks, graph.ops, graph.values)
+        return (
+            "",
+            True,
+            options,
+            context["method"] if context["method"] != method else no_update,
+            lo,
+            marks,
+            value,
+            intro(context["model"], studio.describe(context["model"]), context["numbers"]),
+            elements,
+            _tradeoff(studio, context, value),
+        )
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure"),
+        Output(ids.PEAK, "children"),
+        Output(ids.OVERHEAD, "children"),
+        Output(ids.RECOMPUTED, "children"),
+        Output(ids.SOLVE_TIME, "children"),
+        Output(ids.BUDGET_BYTES, "children"),
+        Output(ids.PLAN, "data"),
+        Output(ids.PLAN_ERROR, "children"),
+        Output(ids.PLAN_ERROR, "hidden"),
+        Output(ids.STEP, "data"),
+        Input(ids.BUDGET, "value"),
+        Input(ids.CONTEXT, "data"),
+        State(ids.STEP, "data"),
+        prevent_initial_call=True,
+    )
+    def solve(value, context, step):
+        """The slider's hot path: re-solve (cached), redraw the timeline and the numbers."""
+        if not context or not context.get("key") or value is None:
+            raise PreventUpdate
+        key, method, peak = context["key"], context["method"], context["peak"]
+        budget = int(value / 100 * peak)
+        label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
+        try:
+            plan = studio.plan(key, method, budget)
+        except Exception as err:
+            return (no_update,) * 5 + (label, None, plain_error(err), False, None)
+        problem = studio.problem(key)
+        fig = figures.timeline_figure(
+            plan.timeline,
+            plan.backward_start,
+            budget,
+            [b.name for b in problem.blocks],
+            unit=figures.pick_unit(peak),
+        )
+        fig["layout"]["meta"]["budget_pct"] = value
+        return (
+            fig,
+            fmt(plan.predicted_peak),
+            f"{100 * (plan.overhead - 1):.1f}%",
+            f"{plan.recomputed_ops}",
+            f"{plan.solve_seconds * 1e3:.0f} ms",
+            label,
+            {"key": key, "method": method, "budget": budget, "value": value},
+            "",
+            True,
+            None if step is not None else no_update,
+        )
+
+    @app.callback(
+        Output(ids.TRADEOFF, "figure", allow_duplicate=True),
+        Input(ids.BUDGET, "value"),
+        prevent_initial_call=True,
+    )
+    def mark_budget(value):
+        patch = Patch()
+        patch["layout"]["shapes"][0] = figures.budget_shape(value)
+        return patch
+
+    @app.callback(
+        Output(ids.BUDGET, "value", allow_duplicate=True),
+        Input(ids.TRADEOFF, "clickData"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
+    def pick_budget(click, context):
+        if not click or not click.get("points") or not context or not context.get("key"):
+            raise PreventUpdate
+        x = float(click["points"][0]["x"])
+        return max(context["min_pct"], min(100.0, round(x * 2) / 2))
+
+    @app.callback(
+        Output(ids.GRAPH, "stylesheet"),
+        Output(ids.STEP_TEXT, "children"),
+        Output(ids.STEP_WHY, "children"),
+        Input(ids.PLAN, "data"),
+        Input(ids.STEP, "data"),
+        prevent_initial_call=True,
+    )
+    def colour_graph(plan_ref, step):
+        """Graph colours for the plan and the step-through highlight (off the slider's path)."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            return figures.graph_stylesheet(), "", ""
+        fates = op_fates(problem, plan)
+        if step is None or step >= len(plan.program):
+            return (
+                figures.graph_stylesheet(fates),
+                f"{len(plan.program)} steps",
+                "Press play or step to walk through the program.",
+            )
+        view = step_view(problem, plan, step)
+        sheet = figures.graph_stylesheet(fates, view["running"], view["live"], view["block"])
+        return sheet, view["label"], view["why"]
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def move_marker(step, plan_ref):
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        patch = Patch()
+        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
+        height = max(plan.predicted_peak, plan_ref["budget"]) / size
+        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
+        return patch
+
+    @app.callback(
+        Output(ids.STEP, "data", allow_duplicate=True),
+        Output(ids.TICKER, "disabled"),
+        Output(ids.PLAY, "children"),
+        Input(ids.PLAY, "n_clicks"),
+        Input(ids.STEP_NEXT, "n_clicks"),
+        Input(ids.STEP_BACK, "n_clicks"),
+        Input(ids.STEP_RESET, "n_clicks"),
+        Input(ids.TICKER, "n_intervals"),
+        State(ids.STEP, "data"),
+        State(ids.TICKER, "disabled"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def step_through(_play, _next, _back, _reset, _tick, step, paused, plan_ref):
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        last = len(plan.program) - 1
+        trigger = ctx.triggered_id
+        if trigger == ids.PLAY:
+            if paused:
+                start = 0 if step is None or step >= last else step
+                return start, False, "⏸ pause"
+            return no_update, True, "▶ play"
+        if trigger == ids.STEP_RESET:
+            return 0, True, "▶ play"
+        if trigger == ids.STEP_BACK:
+            return max(0, (step or 0) - 1), no_update, no_update
+        nxt = 0 if step is None else step + 1
+        if nxt >= last:
+            return last, True, "▶ play"
+        return nxt, no_update, no_update
+
+    @app.callback(
+        Output(ids.BLOCK_PANEL, "children"),
+        Input(ids.GRAPH, "tapNodeData"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def open_block(node, plan_ref):
+        if not node:
+            raise PreventUpdate
+        plan, problem = _plan(studio, plan_ref)
+        if problem is None:
+            raise PreventUpdate
+        nid = node.get("parent") or node["id"]
+        if not nid.startswith("b"):
+            raise PreventUpdate
+        block = problem.blocks[int(nid[1:])]
+        fate_of = {}
+        if plan is not None:
+            for fate, ops in op_fates(problem, plan).items():
+                fate_of.update(dict.fromkeys(ops, fate))
+        graph = problem.graph
+        same = [b.index for b in problem.blocks if b.kind == block.kind]
+
+        def row(o: int):
+            op = graph.ops[o]
+            out = sum(graph.values[v].nbytes for v in op.outputs)
+            fate = fate_of.get(o, "backward" if op.phase == "backward" else "")
+            return html.Tr(
+                [
+                    html.Td(op.name),
+                    html.Td(op.label),
+                    html.Td(figures.fmt_bytes(out)),
+                    html.Td(fate, className=f"fate {fate}"),
+                ]
+            )
+
+        return [
+            html.H3(f"block {block.index} · {block.name}"),
+            html.P(
+                f"{len(block.forward_ops)} forward and {len(block.backward_ops)} backward ops; "
+                f"activations {figures.fmt_bytes(block.activation_bytes)}; same kind as blocks "
+                f"{', '.join(map(str, same))}."
+            ),
+            html.Table(
+                [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen", "allocates", "plan")]))]
+                + [html.Tbody([row(o) for o in block.forward_ops + block.backward_ops])],
+                className="ops",
+            ),
+        ]
+
+    @app.callback(
+        Output(ids.DOWNLOAD, "data"),
+        Output(ids.PLAN_ERROR, "children", allow_duplicate=True),
+        Output(ids.PLAN_ERROR, "hidden", allow_duplicate=True),
+        Input(ids.EXPORT, "n_clicks"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def export(_clicks, plan_ref):
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            return no_update, "There is no plan to export yet: choose a feasible budget.", False
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "plan.pkl")
+                plan.save(path)
+                with open(path, "rb") as f:
+                    data = f.read()
+        except Exception as err:
+            return no_update, f"Cannot export the plan: {plain_error(err)}", False
+        return dcc.send_bytes(data, "plan.pkl"), no_update, no_update
+
+
+def _plan(studio: Studio, plan_ref: dict | None):
+    """The plan (and problem) a PLAN store names, from the caches."""
+    if not plan_ref:
+        return None, None
+    try:
+        plan = studio.plan(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+    except Exception:
+        return None, None
+    return plan, studio.problem(plan_ref["key"])
+
+
+def _tradeoff(studio: Studio, context: dict, value: float) -> dict:
+    key, peak = context["key"], context["peak"]
+    curves = {}
+    for m in [context["method"], *BASELINES]:
+        if m in context["methods"] and m not in curves:
+            points = studio.tradeoff(key, m)
+            curves[m] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
+    return figures.tradeoff_figure(curves, METHOD_LABELS, context["method"], value)
+
+
+def fmt(n: float) -> str:
+    return figures.fmt_bytes(n)

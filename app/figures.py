@@ -1,0 +1,426 @@
+"""Figures as plain data: pure functions from numbers to plotly dicts and cytoscape elements.
+
+No Dash and no `core` solving here, so tests call them without a browser. Plotly figures are
+plain dicts (faster than `go.Figure`); the timeline is an SVG scatter with a stackgroup,
+decimated to `MAX_POINTS` points per trace keeping each bucket's highest step, so peaks survive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+MAX_POINTS = 1000
+
+KIND_COLORS = {"activations": "#4c78a8", "temporaries": "#f58518", "gradients": "#54a24b"}
+RECOMPUTE_COLOR = "#e45756"
+BUDGET_COLOR = "#222222"
+PEAK_COLOR = "#b279a2"
+MARKER_COLOR = "#d4a000"
+FATE_COLORS = {"kept": "#4c78a8", "recomputed": "#e45756", "freed": "#c9c9c9"}
+FATE_TEXT = {
+    "kept": "kept from the forward to the backward",
+    "recomputed": "freed in the forward, recomputed in the backward",
+    "freed": "freed after its last use (the backward does not need it)",
+}
+BLOCK_TINTS = ["#e8f0fb", "#fdf0e2", "#e9f5e8", "#f7e8f2", "#eef0d9", "#e6f4f4", "#f3e9dc"]
+
+# trace order in the timeline figure: callbacks patch traces by these indices
+T_ACTIVATIONS, T_TEMPORARIES, T_GRADIENTS, T_RECOMPUTE, T_BUDGET, T_PEAK, T_MARKER = range(7)
+
+
+def pick_unit(nbytes: float) -> tuple[str, float]:
+    """The binary unit to draw `nbytes`-sized numbers in: (name, bytes per unit)."""
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= 2 * size:
+            return name, size
+    return "B", 1
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def decimate(totals: Sequence[float], max_points: int = MAX_POINTS) -> list[int]:
+    """Indices to draw: every index when few, else each bucket's highest (peaks survive),
+    always with the first and last."""
+    n = len(totals)
+    if n <= max_points:
+        return list(range(n))
+    per = math.ceil(n / max_points)
+    buckets = math.ceil(n / per)
+    padded = np.full(buckets * per, -np.inf)
+    padded[:n] = np.asarray(totals, dtype=float)
+    best = padded.reshape(buckets, per).argmax(axis=1) + np.arange(buckets) * per
+    keep = set(best.tolist()) | {0, n - 1}
+    return sorted(keep)
+
+
+def timeline_figure(
+    steps: Sequence[Any],
+    backward_start: int,
+    budget: int,
+    block_names: Sequence[str] = (),
+    unit: tuple[str, float] | None = None,
+    max_points: int = MAX_POINTS,
+    marker: int | None = None,
+) -> dict:
+    """Live bytes per program step stacked by kind, phases shaded, recomputes, budget, peak.
+
+    `steps` are `core.schedule.Step`-like records (index, kind, name, label, phase, block,
+    recompute, activations, temporaries, gradients).
+    """
+    n = len(steps)
+    act = [s.activations for s in steps]
+    tmp = [s.temporaries for s in steps]
+    grad = [s.gradients for s in steps]
+    total = [a + t + g for a, t, g in zip(act, tmp, grad)]
+    peak = max(total, default=0)
+    peak_step = total.index(peak) if total else 0
+    name, size = unit or pick_unit(max(peak, budget))
+    keep = decimate(total, max_points)
+
+    def scaled(col: Sequence[int]) -> list[float]:
+        return [round(col[i] / size, 4) for i in keep]
+
+    def where(s: Any) -> str:
+        block = block_names[s.block] if 0 <= s.block < len(block_names) else ""
+        verb = "recompute" if s.recompute else ("run" if s.kind == "run" else "free")
+        return f"step {s.index}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
+
+    text = [where(steps[i]) for i in keep]
+    traces: list[dict] = []
+    for kind, col in (("activations", act), ("temporaries", tmp), ("gradients", grad)):
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": kind,
+                "x": keep,
+                "y": scaled(col),
+                "stackgroup": "live",
+                "line": {"width": 0.5, "color": KIND_COLORS[kind], "shape": "hv"},
+                "fillcolor": KIND_COLORS[kind],
+                "text": text if kind == "activations" else None,
+                "hovertemplate": ("%{text}<br>" if kind == "activations" else "")
+                + kind
+                + " %{y:.1f} "
+                + name
+                + "<extra></extra>",
+            }
+        )
+    recomputes = [i for i in range(n) if steps[i].recompute]
+    if len(recomputes) > max_points:
+        recomputes = recomputes[:: math.ceil(len(recomputes) / max_points)]
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "recomputed op",
+            "x": recomputes,
+            "y": [round(total[i] / size, 4) for i in recomputes],
+            "marker": {"symbol": "triangle-down", "size": 6, "color": RECOMPUTE_COLOR},
+            "hoverinfo": "skip",
+        }
+    )
+    b = round(budget / size, 4)
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": f"budget {fmt_bytes(budget)}",
+            "x": [0, max(n - 1, 1)],
+            "y": [b, b],
+            "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 2},
+            "hoverinfo": "skip",
+            "meta": "budget",
+        }
+    )
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "markers+text",
+            "name": f"peak {fmt_bytes(peak)}",
+            "x": [peak_step],
+            "y": [round(peak / size, 4)],
+            "text": [f"peak {fmt_bytes(peak)}"],
+            "textposition": "top center",
+            "marker": {"symbol": "diamond", "size": 10, "color": PEAK_COLOR},
+            "hoverinfo": "skip",
+            "meta": "peak",
+        }
+    )
+    traces.append(marker_trace(marker, max(peak, budget) / size))
+    shapes = [
+        _phase_rect(-0.5, backward_start - 0.5, "rgba(76,120,168,0.07)"),
+        _phase_rect(backward_start - 0.5, n - 0.5, "rgba(84,162,75,0.07)"),
+    ]
+    annotations = [
+        _phase_label(backward_start / 2, "forward"),
+        _phase_label((backward_start + n) / 2, "backward"),
+    ]
+    return {
+        "data": traces,
+        "layout": {
+            "height": 380,
+            "margin": {"l": 60, "r": 10, "t": 24, "b": 90},
+            "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+            "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
+            "hovermode": "x unified",
+            "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+            "shapes": shapes,
+            "annotations": annotations,
+            "uirevision": "timeline",
+            "plot_bgcolor": "white",
+            "meta": {"unit": name, "size": size, "steps": n},
+        },
+    }
+
+
+def marker_trace(step: int | None, height: float) -> dict:
+    """The step-through marker: a vertical line at `step` (empty when None)."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": "step",
+        "x": [] if step is None else [step, step],
+        "y": [] if step is None else [0, round(height * 1.05, 4)],
+        "line": {"color": MARKER_COLOR, "width": 3},
+        "hoverinfo": "skip",
+        "showlegend": False,
+        "meta": "marker",
+    }
+
+
+def _phase_rect(x0: float, x1: float, color: str) -> dict:
+    return {
+        "type": "rect",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x0,
+        "x1": x1,
+        "y0": 0,
+        "y1": 1,
+        "fillcolor": color,
+        "line": {"width": 0},
+        "layer": "below",
+    }
+
+
+def _phase_label(x: float, text: str) -> dict:
+    return {
+        "x": x,
+        "y": 1.0,
+        "xref": "x",
+        "yref": "paper",
+        "yanchor": "bottom",
+        "text": text,
+        "showarrow": False,
+        "font": {"size": 11, "color": "#666"},
+    }
+
+
+def tradeoff_figure(
+    curves: dict[str, Sequence[tuple[float, float]]],
+    labels: dict[str, str],
+    current: str,
+    budget_pct: float | None,
+) -> dict:
+    """Overhead (% extra time) against budget (% of store-all), one line per method.
+
+    `curves` maps a method to its points (budget %, overhead %); the current method is drawn
+    first and boldest; clicking a point sets the budget (its x).
+    """
+    order = [current] + [m for m in curves if m != current]
+    traces = []
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2"]
+    for i, method in enumerate(m for m in order if m in curves):
+        pts = sorted(curves[method])
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": labels.get(method, method),
+                "x": [round(p[0], 2) for p in pts],
+                "y": [round(p[1], 2) for p in pts],
+                "line": {"width": 3 if method == current else 1.5, "shape": "hv"},
+                "marker": {"size": 9 if method == current else 6, "color": palette[i % 6]},
+                "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>"
+                + labels.get(method, method)
+                + "</extra>",
+                "meta": method,
+            }
+        )
+    return {
+        "data": traces,
+        "layout": {
+            "height": 340,
+            "margin": {"l": 60, "r": 10, "t": 10, "b": 100},
+            "xaxis": {"title": {"text": "budget (% of store-all peak)"}},
+            "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": -0.3, "yanchor": "top", "x": 0},
+            "shapes": [budget_shape(budget_pct)],
+            "hovermode": "closest",
+            "plot_bgcolor": "white",
+            "clickmode": "event",
+        },
+    }
+
+
+def budget_shape(budget_pct: float | None) -> dict:
+    """The current budget on the trade-off curve: a vertical dashed line."""
+    x = budget_pct if budget_pct is not None else 100
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 1.5},
+    }
+
+
+# ---------------------------------------------------------------- block graph (cytoscape)
+
+ROWS = 12  # ops per column inside a block box
+DX, DY = 70, 34
+BLOCKS_PER_ROW = 6
+
+
+def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any]) -> list:
+    """Cytoscape elements with preset positions: one compound box per block (tinted by kind),
+    its forward ops inside in columns, and an edge for each forward value read in the forward.
+
+    `blocks` are `core.blocks.Block`-like (index, name, kind, forward_ops), `ops` and `values`
+    the graph's `Op`/`Value` records.
+    """
+    elements: list[dict] = []
+    forward = set()
+    x0, y0, row_height = 0.0, 0.0, 0.0
+    for i, block in enumerate(blocks):
+        if i and i % BLOCKS_PER_ROW == 0:
+            x0, y0, row_height = 0.0, y0 + row_height + 90, 0.0
+        elements.append(
+            {
+                "data": {
+                    "id": f"b{block.index}",
+                    "label": f"block {block.index} · {block.name}",
+                    "kind": block.kind,
+                },
+                "classes": f"block kind{block.kind % len(BLOCK_TINTS)}",
+            }
+        )
+        n = len(block.forward_ops)
+        cols = max(1, math.ceil(n / ROWS))
+        for j, o in enumerate(block.forward_ops):
+            forward.add(o)
+            op = ops[o]
+            elements.append(
+                {
+                    "data": {
+                        "id": f"o{o}",
+                        "parent": f"b{block.index}",
+                        "label": op.label.removeprefix("aten."),
+                        "name": op.name,
+                    },
+                    "position": {"x": x0 + (j // ROWS) * DX, "y": y0 + (j % ROWS) * DY},
+                    "classes": "op",
+                }
+            )
+        x0 += cols * DX + 70
+        row_height = max(row_height, min(n, ROWS) * DY)
+    producer_op = {v.index: v.producer for v in values if v.producer in forward}
+    for v, p in producer_op.items():
+        for c in values[v].consumers:
+            if c in forward:
+                elements.append({"data": {"id": f"e{v}-{c}", "source": f"o{p}", "target": f"o{c}"}})
+    return elements
+
+
+def graph_stylesheet(
+    fates: dict[str, Sequence[int]] | None = None,
+    running: Sequence[int] = (),
+    live: Sequence[int] = (),
+    block: int | None = None,
+) -> list[dict]:
+    """Base style, plus: forward ops coloured by their fate in the plan (op indices per fate),
+    the op(s) running at the step-through position, ops whose results are alive there, and the
+    block running."""
+    sheet: list[dict] = [
+        {
+            "selector": "node.op",
+            "style": {
+                "label": "data(label)",
+                "font-size": 9,
+                "width": 14,
+                "height": 14,
+                "background-color": "#9aa5b1",
+                "text-valign": "bottom",
+                "text-margin-y": 2,
+            },
+        },
+        {
+            "selector": "node.block",
+            "style": {
+                "label": "data(label)",
+                "font-size": 11,
+                "text-valign": "top",
+                "text-halign": "center",
+                "border-width": 1,
+                "border-color": "#8a94a0",
+                "padding": 12,
+                "shape": "round-rectangle",
+            },
+        },
+        {
+            "selector": "edge",
+            "style": {"width": 1, "line-color": "#c3cad3", "curve-style": "haystack"},
+        },
+    ]
+    for k, tint in enumerate(BLOCK_TINTS):
+        sheet.append({"selector": f".kind{k}", "style": {"background-color": tint}})
+    for fate, ids in (fates or {}).items():
+        if ids:
+            sheet.append(
+                {
+                    "selector": ", ".join(f"#o{o}" for o in ids),
+                    "style": {"background-color": FATE_COLORS[fate]},
+                }
+            )
+    if live:
+        sheet.append(
+            {
+                "selector": ", ".join(f"#o{o}" for o in live),
+                "style": {"border-width": 3, "border-color": MARKER_COLOR},
+            }
+        )
+    if block is not None:
+        sheet.append(
+            {
+                "selector": f"#b{block}",
+                "style": {"border-width": 3, "border-color": MARKER_COLOR},
+            }
+        )
+    if running:
+        sheet.append(
+            {
+                "selector": ", ".join(f"#o{o}" for o in running),
+                "style": {
+                    "width": 24,
+                    "height": 24,
+                    "background-color": MARKER_COLOR,
+                    "border-width": 3,
+                    "border-color": "#000",
+                },
+            }
+        )
+    return sheet

@@ -1,0 +1,53 @@
+"""Component IDs, in one place so the layout, the callbacks and the tests cannot drift apart."""
+
+# controls
+MODEL = "model"
+COSTS = "costs"
+DEVICE = "device"
+METHOD = "method"
+BUDGET = "budget"  # dcc.Slider, % of the store-all peak
+BUDGET_BYTES = "budget-bytes"
+
+# background work
+PROGRESS = "progress"
+PROGRESS_BAR = "progress-bar"
+PROGRESS_TEXT = "progress-text"
+CANCEL = "cancel"
+
+# stores
+CONTEXT = "context"  # the analysed problem and method the page shows: key, minimum budget
+PLAN = "plan"  # the plan on screen: key, method, budget bytes
+STEP = "step"  # the step-through position (program index), or None
+
+# messages
+ERROR = "error"
+PLAN_ERROR = "plan-error"  # an impossible budget, in plain words
+STARTUP_ERROR = "startup-error"
+
+# numbers
+PEAK = "num-peak"
+OVERHEAD = "num-overhead"
+RECOMPUTED = "num-recomputed"
+SOLVE_TIME = "num-solve-time"
+
+# views
+INTRO = "intro"
+GRAPH = "graph"
+GRAPH_LEGEND = "graph-legend"
+BLOCK_PANEL = "block-panel"
+TIMELINE = "timeline"
+TRADEOFF = "tradeoff"
+
+# export
+EXPORT = "export"
+DOWNLOAD = "download"
+EXPORT_CODE = "export-code"
+
+# step-through
+PLAY = "play"
+STEP_BACK = "step-back"
+STEP_NEXT = "step-next"
+STEP_RESET = "step-reset"
+TICKER = "ticker"  # dcc.Interval driving play
+STEP_TEXT = "step-text"
+STEP_WHY = "step-why"

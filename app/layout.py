@@ -1,0 +1,273 @@
+"""The page: controls, numbers, block graph, memory timeline, trade-off curve, export, teaching."""
+
+from __future__ import annotations
+
+import dash_cytoscape as cyto
+from dash import dcc, html
+
+from app import ids
+from app.figures import FATE_COLORS, FATE_TEXT, fmt_bytes, graph_stylesheet
+from app.state import DEVICES, METHOD_LABELS
+
+EXPORT_CODE = """import core
+plan = core.load_plan("plan.pkl")
+model = core.apply_plan(model, plan)
+# then train as usual: loss = loss_fn(model(*inputs)); loss.backward(); optimizer.step()"""
+
+
+def build_layout(
+    models: list[str], model: str, method: str, methods: list[str], startup_error: str
+):
+    return html.Div(
+        className="page",
+        children=[
+            html.Header(
+                className="header",
+                children=[
+                    html.H1("Remat Studio"),
+                    html.Span(
+                        "fit training into memory by recomputing activations",
+                        className="tagline",
+                    ),
+                ],
+            ),
+            html.Div(
+                startup_error,
+                id=ids.STARTUP_ERROR,
+                className="message error",
+                role="alert",
+                hidden=not startup_error,
+            ),
+            _controls(models, model, method, methods),
+            html.Div(
+                id=ids.PROGRESS,
+                className="progress",
+                style={"display": "none"},
+                children=[
+                    html.Progress(id=ids.PROGRESS_BAR, max="100", value="0"),
+                    html.Span(id=ids.PROGRESS_TEXT),
+                    html.Button("cancel", id=ids.CANCEL, className="small"),
+                ],
+            ),
+            html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
+            html.Details(
+                open=True,
+                className="card intro",
+                children=[
+                    html.Summary("What is rematerialization?"),
+                    html.Div(id=ids.INTRO, children="Analysing the model…"),
+                ],
+            ),
+            _budget_row(),
+            html.Div(
+                className="grid",
+                children=[
+                    html.Div(className="card", children=_graph_card()),
+                    html.Div(className="card", children=_timeline_card()),
+                ],
+            ),
+            html.Div(
+                className="grid",
+                children=[
+                    html.Div(className="card", children=_tradeoff_card()),
+                    html.Div(className="card", children=_export_card()),
+                ],
+            ),
+            dcc.Store(id=ids.CONTEXT),
+            dcc.Store(id=ids.PLAN),
+            dcc.Store(id=ids.STEP),
+            dcc.Interval(id=ids.TICKER, interval=400, disabled=True),
+            dcc.Download(id=ids.DOWNLOAD),
+        ],
+    )
+
+
+def _controls(models, model, method, methods):
+    return html.Div(
+        className="controls card",
+        children=[
+            html.Label(
+                ["model", dcc.Dropdown(models, model, id=ids.MODEL, clearable=False)],
+                className="control wide",
+            ),
+            html.Label(
+                [
+                    "cost model",
+                    dcc.RadioItems(
+                        [
+                            {"label": "estimated for", "value": "estimated"},
+                            {"label": "measured here", "value": "measured"},
+                        ],
+                        "estimated",
+                        id=ids.COSTS,
+                        inline=True,
+                    ),
+                ],
+                className="control",
+            ),
+            html.Label(
+                ["device", dcc.Dropdown(list(DEVICES), "cpu", id=ids.DEVICE, clearable=False)],
+                className="control",
+            ),
+            html.Label(
+                [
+                    "method",
+                    dcc.Dropdown(
+                        [{"label": METHOD_LABELS.get(m, m), "value": m} for m in methods],
+                        method,
+                        id=ids.METHOD,
+                        clearable=False,
+                    ),
+                ],
+                className="control wide",
+            ),
+        ],
+    )
+
+
+def _number(label: str, id_: str) -> html.Div:
+    return html.Div(
+        className="number", children=[html.Div("–", id=id_, className="value"), html.Div(label)]
+    )
+
+
+def _budget_row():
+    return html.Div(
+        className="card budget",
+        children=[
+            html.Div(
+                className="budget-slider",
+                children=[
+                    html.Div(
+                        ["budget ", html.Span(id=ids.BUDGET_BYTES, className="bytes")],
+                        className="budget-label",
+                    ),
+                    dcc.Slider(
+                        min=0,
+                        max=100,
+                        step=0.5,
+                        value=None,
+                        id=ids.BUDGET,
+                        marks=None,
+                        tooltip={"placement": "bottom", "always_visible": False},
+                    ),
+                    html.Div(
+                        id=ids.PLAN_ERROR, className="message warn", role="alert", hidden=True
+                    ),
+                ],
+            ),
+            _number("predicted peak", ids.PEAK),
+            _number("extra time", ids.OVERHEAD),
+            _number("recomputed ops", ids.RECOMPUTED),
+            _number("solve time", ids.SOLVE_TIME),
+        ],
+    )
+
+
+def _graph_card():
+    legend = [
+        html.Span([html.I(style={"background": FATE_COLORS[f]}), f], title=FATE_TEXT[f])
+        for f in FATE_COLORS
+    ]
+    legend.append(html.Span([html.I(className="ring"), "alive at the step"]))
+    return [
+        html.H2("Blocks and their forward ops"),
+        html.P(
+            "Boxes are blocks (identical blocks share a tint); dots are forward ops, coloured "
+            "by what the plan does with their results. Click a block to list its ops.",
+            className="hint",
+        ),
+        cyto.Cytoscape(
+            id=ids.GRAPH,
+            elements=[],
+            layout={"name": "preset", "fit": True, "padding": 10},
+            stylesheet=graph_stylesheet(),
+            style={"width": "100%", "height": "420px"},
+            minZoom=0.2,
+            maxZoom=3,
+            boxSelectionEnabled=False,
+        ),
+        html.Div(legend, id=ids.GRAPH_LEGEND, className="legend"),
+        html.Div(id=ids.BLOCK_PANEL, className="block-panel"),
+    ]
+
+
+def _timeline_card():
+    return [
+        html.H2("Memory timeline"),
+        dcc.Graph(
+            id=ids.TIMELINE,
+            figure={"data": [], "layout": {"height": 340}},
+            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+        ),
+        html.Div(
+            className="stepper",
+            children=[
+                html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
+                html.Button("◀", id=ids.STEP_BACK, title="previous step"),
+                html.Button("▶ play", id=ids.PLAY, title="play / pause"),
+                html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
+                html.Span(id=ids.STEP_TEXT, className="step-text"),
+            ],
+        ),
+        html.P("Press play or step to walk through the program.", id=ids.STEP_WHY, className="why"),
+    ]
+
+
+def _tradeoff_card():
+    return [
+        html.H2("Trade-off: extra time against memory"),
+        html.P("Click a point to set the budget.", className="hint"),
+        dcc.Graph(
+            id=ids.TRADEOFF,
+            figure={"data": [], "layout": {"height": 300}},
+            config={"displaylogo": False, "displayModeBar": False},
+        ),
+    ]
+
+
+def _export_card():
+    return [
+        html.H2("Use this plan"),
+        html.P("Download the plan on screen and apply it in your training script:"),
+        html.Button("download plan.pkl", id=ids.EXPORT, className="primary"),
+        html.Pre(html.Code(EXPORT_CODE), id=ids.EXPORT_CODE),
+    ]
+
+
+def intro(name: str, description: str, numbers: dict) -> list:
+    """The teaching introduction, with this model's own numbers."""
+    sa_peak, sa_time = numbers["store_all_peak"], numbers["store_all_time"]
+    parts = [
+        html.P(
+            [
+                "Training keeps every activation of the forward pass alive until the backward "
+                "pass uses it. For ",
+                html.B(name),
+                f" ({description}) that is a peak of {fmt_bytes(sa_peak)} beyond parameters "
+                f"and inputs, for a step of {_fmt_time(sa_time)} ({numbers['cost_model']} costs).",
+            ]
+        )
+    ]
+    if numbers.get("ckpt_peak"):
+        saved = 100 * (1 - numbers["ckpt_peak"] / sa_peak)
+        extra = 100 * (numbers["ckpt_time"] / sa_time - 1)
+        parts.append(
+            html.P(
+                "Rematerialization frees some activations after the forward and recomputes them "
+                "when the backward needs them: memory for time. Checkpointing every one of its "
+                f"{numbers['n_blocks']} blocks (keeping only each block's input) brings the peak "
+                f"to {fmt_bytes(numbers['ckpt_peak'])} ({saved:.0f}% less) for {extra:.0f}% more "
+                "time. A solver picks what to keep inside each block and finds cheaper plans "
+                "for any budget: move the slider."
+            )
+        )
+    return parts
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"

@@ -1,0 +1,311 @@
+"""The app's view of `core`: which models and methods exist, and cached problems and plans.
+
+All planning is `core.analyze` / `core.solve` / `core.tradeoff`; this module only caches their
+results (see `app.cache`) and reads plans back as plain numbers for the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import core
+import sample_models
+from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
+from core.solvers import available_methods
+
+DEFAULT_MODEL = "gpt-tiny"
+BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")
+CHECKMATE_MAX_OPS = 150  # whole-graph Checkmate ILPs stop solving in seconds above this
+TRADEOFF_POINTS = 12
+METHOD_LABELS = {
+    "rockmate": "Rockmate (block ILPs + chain DP)",
+    "rotor": "Rotor (chain DP)",
+    "checkmate": "Checkmate (whole-graph ILP)",
+    "store_all": "Store all (plain PyTorch)",
+    "checkpoint_blocks": "Checkpoint every block",
+    "sqrt_n": "√n checkpoints (Chen et al.)",
+}
+DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
+
+
+@dataclass(frozen=True)
+class Point:
+    budget: int
+    peak: int
+    overhead: float  # predicted time / store-all time
+
+
+class Studio:
+    """Models the page can open, and what has been computed for them."""
+
+    def __init__(self, extra_models: dict[str, Callable] | None = None) -> None:
+        self.builders: dict[str, Callable] = {
+            name: partial(sample_models.build, name) for name in sample_models.names()
+        }
+        self.builders.update(extra_models or {})
+        self.problems = LRU(PROBLEMS)
+        self.plans = LRU(PLANS)
+        self.derived = LRU(DERIVED)
+
+    # -------------------------------------------------------------- problems
+
+    @staticmethod
+    def key(model: str, costs: str, device: str) -> str:
+        return "|".join((model, costs, "here" if costs == "measured" else device))
+
+    def describe(self, model: str) -> str:
+        try:
+            return sample_models.describe(model)
+        except KeyError:
+            return model
+
+    def problem(self, key: str, progress: Callable[[str, float], None] | None = None):
+        """The analysed problem for `key` (cached; analysed on a miss, with `progress`)."""
+
+        def make():
+            model_name, costs, device = key.split("|")
+            if model_name not in self.builders:
+                raise KeyError(f"unknown model {model_name!r}")
+            report = progress or (lambda stage, frac: None)
+            report("building the model", 0.0)
+            model, inputs = self.builders[model_name]()
+
+            def tick(stage: str, frac: float) -> None:
+                check_cancelled()
+                report(stage, frac)
+
+            return core.analyze(
+                model,
+                inputs,
+                costs=costs,
+                device="cpu" if device == "here" else device,
+                name=model_name,
+                progress=tick,
+            )
+
+        return self.problems.get_or_make(key, make)
+
+    # -------------------------------------------------------------- methods
+
+    def methods(self, problem) -> list[str]:
+        """Methods offered for this problem: whole-graph Checkmate only on small graphs."""
+        out = []
+        for m in available_methods():
+            if m == "checkmate" and len(problem.graph.ops) >= CHECKMATE_MAX_OPS:
+                continue
+            out.append(m)
+        order = ["rockmate", "rotor", "checkmate", *BASELINES]
+        return sorted(out, key=lambda m: order.index(m) if m in order else len(order))
+
+    @staticmethod
+    def default_method() -> str:
+        methods = available_methods()
+        for m in ("rockmate", "rotor", "checkpoint_blocks"):
+            if m in methods:
+                return m
+        return methods[0]
+
+    # -------------------------------------------------------------- plans
+
+    def plan(self, key: str, method: str, budget: int):
+        """`core.solve` for (problem, method, budget bytes), cached. Raises InfeasibleBudget."""
+        problem = self.problem(key)
+        return self.plans.get_or_make(
+            (key, method, int(budget)), lambda: core.solve(problem, int(budget), method)
+        )
+
+    def minimum(self, key: str, method: str) -> int:
+        """Smallest budget (bytes) `method` fits, from its trade-off curve or its error."""
+
+        def make() -> int:
+            problem = self.problem(key)
+            points = self.tradeoff(key, method)
+            if points:
+                return min(p.budget for p in points)
+            return problem.store_all_peak
+
+        return self.derived.get_or_make(("minimum", key, method), make)
+
+    def tradeoff(self, key: str, method: str) -> list[Point]:
+        """Points (budget, predicted peak, overhead) of `method`: `core.tradeoff` when it
+        exists, else `core.solve` at `TRADEOFF_POINTS` budgets from the smallest feasible."""
+        return self.derived.get_or_make(
+            ("tradeoff", key, method), lambda: self._tradeoff(self.problem(key), method)
+        )
+
+    def _tradeoff(self, problem, method: str) -> list[Point]:
+        peak = problem.store_all_peak
+        try:
+            from core import tradeoff
+        except ImportError:
+            tradeoff = None
+        if tradeoff is not None:
+            points = [_point(p) for p in tradeoff(problem, method)]
+            if points:
+                return sorted(points, key=lambda p: p.budget)
+        lowest = _smallest_feasible(problem, method)
+        budgets = sorted(
+            {
+                int(lowest + (peak - lowest) * i / (TRADEOFF_POINTS - 1))
+                for i in range(TRADEOFF_POINTS)
+            }
+        )
+        points = []
+        for b in budgets:
+            check_cancelled()
+            try:
+                plan = core.solve(problem, b, method)
+            except core.InfeasibleBudget:
+                continue
+            points.append(Point(b, plan.predicted_peak, plan.overhead))
+        return points
+
+
+def _smallest_feasible(problem, method: str) -> int:
+    try:
+        plan = core.solve(problem, 1, method)
+        return plan.predicted_peak
+    except core.InfeasibleBudget as e:
+        if e.minimum and e.minimum > 1:
+            try:
+                core.solve(problem, e.minimum, method)
+                return e.minimum
+            except core.InfeasibleBudget:
+                pass
+    return problem.store_all_peak
+
+
+def _point(p: Any) -> Point:
+    if isinstance(p, dict):
+        return Point(int(p["budget"]), int(p["predicted_peak"]), float(p["overhead"]))
+    if hasattr(p, "budget"):
+        return Point(int(p.budget), int(p.predicted_peak), float(p.overhead))
+    return Point(int(p[0]), int(p[1]), float(p[2]))
+
+
+# ------------------------------------------------------------------ reading a plan back
+
+
+def live_after(problem, plan, upto: int) -> set[int]:
+    """Values (storages) alive after program step `upto` (-1: before the first)."""
+    graph = problem.graph
+    live = {v.index for v in graph.values if v.is_placeholder and v.kind != "tangent"}
+    for kind, target in plan.program[: upto + 1]:
+        if kind == "run":
+            live.update(graph.ops[target].outputs)
+        else:
+            live.discard(target)
+    return live
+
+
+def op_fates(problem, plan) -> dict[str, list[int]]:
+    """Each forward op by what the plan does with its results: kept until the backward,
+    recomputed in the backward, or freed (the backward never needs them)."""
+    graph = problem.graph
+    runs: dict[int, int] = {}
+    for kind, target in plan.program:
+        if kind == "run":
+            runs[target] = runs.get(target, 0) + 1
+    live = live_after(problem, plan, plan.backward_start - 1)
+    fates: dict[str, list[int]] = {"kept": [], "recomputed": [], "freed": []}
+    for o in graph.forward_ops:
+        if runs.get(o, 0) > 1:
+            fates["recomputed"].append(o)
+        elif any(v in live for v in graph.ops[o].outputs):
+            fates["kept"].append(o)
+        else:
+            fates["freed"].append(o)
+    return fates
+
+
+def step_view(problem, plan, i: int) -> dict:
+    """What the step-through shows at program step `i`: the op(s) to highlight, the forward
+    ops whose results are alive, the block, and one sentence saying why the step happens."""
+    graph = problem.graph
+    kind, target = plan.program[i]
+    live = live_after(problem, plan, i)
+    fwd_producers = {
+        graph.values[v].producer
+        for v in live
+        if graph.values[v].producer is not None
+        and graph.ops[graph.values[v].producer].phase == "forward"
+    }
+    blocks = problem.blocks
+    step = plan.timeline[i]
+    block = step.block
+    bname = blocks[block].name if 0 <= block < len(blocks) else ""
+    running: list[int] = []
+    if kind == "run":
+        op = graph.ops[target]
+        ran_before = any(k == "run" and t == target for k, t in plan.program[:i])
+        if op.phase == "forward":
+            running = [target]
+        else:  # a backward op: highlight the forward ops whose results it reads
+            running = [
+                graph.values[v].producer
+                for v in op.inputs
+                if graph.values[v].producer is not None
+                and graph.ops[graph.values[v].producer].phase == "forward"
+            ]
+        if ran_before:
+            why = (
+                f"Recompute {op.label} ({op.name}) of block {block} ({bname}) from its input "
+                f"checkpoint: its backward needs these activations, which were freed in the "
+                f"forward to save memory."
+            )
+        elif i < plan.backward_start:
+            outs = op.outputs
+            kept = any(v in live_after(problem, plan, plan.backward_start - 1) for v in outs)
+            fate = (
+                "kept until the backward needs it"
+                if kept
+                else "freed after its last use in the forward"
+            )
+            why = (
+                f"Forward of block {block} ({bname}): {op.label} ({op.name}) allocates "
+                f"{_bytes(op, graph)}; the plan keeps it only as long as needed: {fate}."
+            )
+        else:
+            why = (
+                f"Backward of block {block} ({bname}): {op.label} ({op.name}) computes "
+                f"gradients from the activations it reads (highlighted)."
+            )
+    else:
+        value = graph.values[target]
+        later = any(k == "run" and target in graph.ops[t].outputs for k, t in plan.program[i + 1 :])
+        why = f"Free {value.name} ({value.kind}, {_fmt(value.nbytes)}): no step needs it until " + (
+            "it is recomputed later." if later else "the end of the step."
+        )
+        if value.producer is not None and graph.ops[value.producer].phase == "forward":
+            running = [value.producer]
+    return {
+        "running": sorted(o for o in set(running) if o is not None),
+        "live": sorted(o for o in fwd_producers if o is not None),
+        "block": block,
+        "why": why,
+        "label": f"step {i + 1} of {len(plan.program)} · {step.phase}",
+    }
+
+
+def _bytes(op, graph) -> str:
+    return _fmt(sum(graph.values[v].nbytes for v in op.outputs))
+
+
+def _fmt(n: float) -> str:
+    from app.figures import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def percent(budget: int, peak: int) -> float:
+    return 100.0 * budget / peak if peak else 100.0
+
+
+def slider_minimum(minimum: int, peak: int, step: float = 0.5) -> float:
+    """The slider's lowest % position at or above `minimum` bytes."""
+    pct = math.ceil(percent(minimum, peak) / step - 1e-9) * step
+    return min(pct, 100.0)

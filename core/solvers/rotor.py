@@ -1,0 +1,208 @@
+"""Rotor (Beaumont et al., 2019/2021): optimal checkpointing of a heterogeneous chain, with
+several options per block as in Rockmate.
+
+C(s, t, m) is the least time to run the backward of blocks s..t when the input of block s is
+live (and stays so: the caller owns it), the gradient of block t's output is live, and m bytes
+are free for everything else. Either block s runs Fe with an option (keeping its activations)
+and the rest is solved with what is left, or blocks s..j-1 run forward keeping nothing
+(Fck for s, Fn after), j..t is solved with block j's input kept, then s..j-1 with the
+gradients j..t left behind. Memory is counted in slots (sizes rounded up, budgets down); the
+table is computed once up to the store-all peak and cached on the problem, so a new budget
+is a table read, the program and one simulation.
+
+Method "rotor" gives each block a single option, keeping everything its backward reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import InfeasibleBudget
+from core.problem import Problem
+from core.schedule import Plan, plan_from_runs
+from core.solvers.options import ChainBlock, chain, layout
+
+SLOTS = 1000
+_LEAF = 1 << 20
+
+
+@dataclass
+class Table:
+    """Rotor's table over sub-chains and memory slots."""
+
+    slot: int  # bytes per slot
+    cost: dict[tuple[int, int], np.ndarray]  # (s, t) -> least time for each number of slots
+    what: dict[tuple[int, int], np.ndarray]  # choice: option index, or _LEAF + j
+
+    def best(self, slots: int) -> float:
+        n = max(s for s, _ in self.cost) + 1
+        arr = self.cost[(0, n - 1)]
+        return float(arr[min(slots, len(arr) - 1)]) if slots >= 0 else float("inf")
+
+    def min_slots(self) -> int | None:
+        n = max(s for s, _ in self.cost) + 1
+        finite = np.flatnonzero(np.isfinite(self.cost[(0, n - 1)]))
+        return int(finite[0]) if len(finite) else None
+
+
+def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) -> Table:
+    """Fill C(s, t, m) for every sub-chain and m = 0..slots (each slot max_bytes/slots)."""
+    slot = max(1, -(-max_bytes // slots))
+    n = len(blocks)
+
+    def q(b: int) -> int:
+        return -(-b // slot)
+
+    out = [q(b.output) for b in blocks]
+    grad = [q(b.grad) for b in blocks] + [0]
+    perm = np.cumsum([0] + [q(b.permanent) for b in blocks])  # P(s..t) = perm[t+1] - perm[s]
+    fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
+    m = np.arange(slots + 1)
+    inf = np.inf
+    cost: dict[tuple[int, int], np.ndarray] = {}
+    what: dict[tuple[int, int], np.ndarray] = {}
+
+    def shift(arr: np.ndarray, k: int) -> np.ndarray:
+        if k <= 0:
+            return arr
+        res = np.full_like(arr, inf)
+        if k < len(arr):
+            res[k:] = arr[:-k]
+        return res
+
+    for d in range(n):
+        for s in range(n - d):
+            t = s + d
+            best = np.full(slots + 1, inf)
+            choice = np.full(slots + 1, -1, dtype=np.int64)
+            after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
+            for i, o in enumerate(blocks[s].options):
+                kept = q(o.kept) + (out[s] if o.reads_output else 0)
+                ok = (m >= grad[t + 1] + q(o.forward_peak)) & (
+                    m >= grad[s + 1] + after + kept + q(o.backward_peak)
+                )
+                if d == 0:
+                    val = np.where(ok, o.forward_time + o.backward_time, inf)
+                else:
+                    rest = shift(cost[(s + 1, t)], out[s] + q(o.kept))
+                    val = np.where(ok, o.forward_time + o.backward_time + rest, inf)
+                better = val < best
+                best[better], choice[better] = val[better], i
+            need = 0
+            for j in range(s + 1, t + 1):
+                i = j - 1  # block i runs forward keeping nothing but its output
+                need = max(
+                    need, grad[t + 1] + (out[i - 1] if i > s else 0) + q(blocks[i].forward_peak)
+                )
+                val = (
+                    fwd_t[j]
+                    - fwd_t[s]
+                    + shift(cost[(j, t)], out[j - 1])
+                    + shift(cost[(s, j - 1)], int(perm[t + 1] - perm[j]))
+                )
+                val = np.where(m >= need, val, inf)
+                better = val < best
+                best[better], choice[better] = val[better], _LEAF + j
+            cost[(s, t)], what[(s, t)] = best, choice
+    return Table(slot, cost, what)
+
+
+def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
+    """The schedule for `slots`: ("F", j), ("Fe", j, option), ("B", j, option)."""
+    q = lambda b: -(-b // table.slot)  # noqa: E731
+    out: list[tuple] = []
+
+    def rec(s: int, t: int, m: int) -> None:
+        c = int(table.what[(s, t)][m])
+        if c < 0:
+            raise ValueError("infeasible sub-chain")
+        if c >= _LEAF:
+            j = c - _LEAF
+            out.extend(("F", i) for i in range(s, j))
+            rec(j, t, m - q(blocks[j - 1].output))
+            perm = sum(q(b.permanent) for b in blocks[j : t + 1])
+            rec(s, j - 1, m - perm)
+            return
+        o = blocks[s].options[c]
+        out.append(("Fe", s, c))
+        if t > s:
+            rec(s + 1, t, m - q(blocks[s].output) - q(o.kept))
+        out.append(("B", s, c))
+
+    rec(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
+    return out
+
+
+def runs_of(blocks: list[ChainBlock], seq: list[tuple]) -> tuple[list[int], int]:
+    """Op runs of a schedule, and how many of them run in the forward pass."""
+    runs: list[int] = []
+    n_forward = None
+    for step in seq:
+        if step[0] == "F":
+            runs.extend(blocks[step[1]].forward_runs)
+        elif step[0] == "Fe":
+            runs.extend(blocks[step[1]].options[step[2]].forward_runs)
+        else:
+            if n_forward is None:
+                n_forward = len(runs)
+            runs.extend(blocks[step[1]].options[step[2]].backward_runs)
+    return runs, len(runs) if n_forward is None else n_forward
+
+
+def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -> Plan:
+    """The least-time chain schedule whose simulated peak fits `budget` (never above it)."""
+    if problem.store_all_peak <= budget:  # the DP's rounding must not cost time here
+        base = problem.store_all_plan
+        runs = [o for kind, o in base.program if kind == "run"]
+        n_forward = sum(kind == "run" for kind, _ in base.program[: base.backward_start])
+        return plan_from_runs(problem, runs, n_forward, method, budget)
+    blocks, table = _prepared(problem, method, with_options)
+    fixed = layout(problem).final_forward
+    slots = (budget - fixed) // table.slot
+    lowest = table.min_slots()
+    tried: set[int] = set()
+    while lowest is not None and slots >= lowest and slots not in tried:
+        tried.add(slots)
+        plan = _plan_at(problem, blocks, table, slots, method, budget)
+        if plan.predicted_peak <= budget:
+            return plan
+        slots -= max(1, -(-(plan.predicted_peak - budget) // table.slot))
+    minimum = minimum_budget(problem, method)
+    if minimum <= budget:
+        return _plan_at(problem, blocks, table, lowest, method, budget)
+    raise InfeasibleBudget(budget, minimum, method)
+
+
+def minimum_budget(problem: Problem, method: str = "rotor") -> int:
+    """The smallest simulated peak this method reaches."""
+    key = ("minimum", method)
+    if key not in problem.cache:
+        blocks, table = _prepared(problem, method, method != "rotor")
+        lowest = table.min_slots()
+        if lowest is None:
+            raise InfeasibleBudget(0, problem.store_all_peak, method)
+        plan = _plan_at(problem, blocks, table, lowest, method, 0)
+        problem.cache[key] = plan.predicted_peak
+    return problem.cache[key]
+
+
+def _plan_at(
+    problem: Problem, blocks: list[ChainBlock], table: Table, slots: int, method: str, budget: int
+) -> Plan:
+    runs, n_forward = runs_of(blocks, sequence(blocks, table, slots))
+    return plan_from_runs(problem, runs, n_forward, method, budget)
+
+
+def _prepared(problem: Problem, method: str, with_options: bool) -> tuple[list[ChainBlock], Table]:
+    key = ("rotor-table", with_options)
+    if key not in problem.cache:
+        blocks = chain(problem, with_options)
+        top = 2 * problem.store_all_peak
+        problem.cache[key] = (blocks, compute_table(blocks, top))
+    return problem.cache[key]
+
+
+def solve(problem: Problem, budget: int) -> Plan:
+    return chain_plan(problem, budget, "rotor", with_options=False)

@@ -1,0 +1,99 @@
+"""The memory/time trade-off of a method, for the app's chart and `remat bench --solvers`."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from core.errors import InfeasibleBudget
+from core.problem import Problem
+from core.schedule import Plan
+
+CHAIN_METHODS = ("rotor", "rockmate")
+
+
+@dataclass(frozen=True)
+class TradeoffPoint:
+    budget: int  # bytes asked
+    predicted_peak: int  # bytes the chosen plan peaks at (never above budget)
+    overhead: float  # predicted time over store-all time
+
+
+def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
+    """The smallest budget (bytes) `method` can meet on this problem."""
+    if method in CHAIN_METHODS:
+        from core.solvers.rotor import minimum_budget as chain_minimum
+
+        return chain_minimum(problem, method)
+    from core.solvers import solve
+
+    try:
+        return solve(problem, 1, method).predicted_peak
+    except InfeasibleBudget as e:
+        return e.minimum
+
+
+def tradeoff(problem: Problem, method: str = "rockmate", points: int = 24) -> list[TradeoffPoint]:
+    """Evenly spaced budgets from the method's minimum to the store-all peak; at each, the
+    fastest plan found at or below it, so the predicted time never rises with the budget."""
+    from core.solvers import solve
+
+    low, high = minimum_budget(problem, method), problem.store_all_peak
+    budgets = sorted({low + (high - low) * i // max(points - 1, 1) for i in range(points)})
+    out: list[TradeoffPoint] = []
+    best: Plan | None = None
+    for b in budgets:
+        try:
+            plan = solve(problem, b, method)
+        except InfeasibleBudget:
+            plan = None
+        if plan is not None and (best is None or plan.predicted_time < best.predicted_time):
+            best = plan
+        if best is not None:
+            out.append(TradeoffPoint(b, best.predicted_peak, best.overhead))
+    return out
+
+
+def bench_solvers(
+    models: tuple[str, ...] = ("gpt-1layer", "gpt-tiny", "gpt-small-6l"),
+    fractions: tuple[float, ...] = (0.8, 0.6, 0.5, 0.4, 0.3),
+    methods: tuple[str, ...] = ("checkpoint_blocks", "sqrt_n", "rotor", "rockmate"),
+) -> str:
+    """A printed table: per model, analysis and option time, then each method's overhead at
+    each budget and the median time of a new budget (table read + program + simulation)."""
+    import core
+    from core.solvers import solve
+    from sample_models import build
+
+    lines = []
+    for name in models:
+        model, inputs = build(name)
+        start = time.perf_counter()
+        problem = core.analyze(model, inputs)
+        analysed = time.perf_counter() - start
+        minimum_budget(problem, "rockmate")
+        prepared = time.perf_counter() - start
+        lines.append(
+            f"{name}: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s, "
+            f"store-all peak {problem.store_all_peak / 2**20:.2f} MiB"
+        )
+        lines.append("  method             " + "".join(f"{f:>8.0%}" for f in fractions) + "   min")
+        for method in methods:
+            cells = []
+            for f in fractions:
+                try:
+                    cells.append(f"{solve(problem, f, method).overhead:8.3f}")
+                except InfeasibleBudget:
+                    cells.append(f"{'-':>8}")
+            low = minimum_budget(problem, method) / problem.store_all_peak
+            lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
+        times = []
+        low = minimum_budget(problem, "rockmate")
+        for i in range(11):
+            b = low + (problem.store_all_peak - low) * (2 * i + 1) // 23
+            t = time.perf_counter()
+            solve(problem, b, "rockmate")
+            times.append(time.perf_counter() - t)
+        lines.append(f"  rockmate new budget: median {statistics.median(times) * 1e3:.1f} ms")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""The app's figures and caches, without a browser."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from app import figures
+from app.cache import LRU
+from app.state import Studio, op_fates, slider_minimum, step_view
+
+
+def steps(live: list[tuple[int, int, int]], backward_start: int = 0) -> list:
+    return [
+        SimpleNamespace(
+            index=i,
+            kind="run",
+            name=f"op{i}",
+            label="aten.mm",
+            phase="forward" if i < backward_start else "backward",
+            block=0,
+            recompute=i % 7 == 3,
+            activations=a,
+            temporaries=t,
+            gradients=g,
+        )
+        for i, (a, t, g) in enumerate(live)
+    ]
+
+
+def test_decimation_keeps_the_peak_and_the_ends():
+    totals = [i % 97 for i in range(50_000)]
+    totals[31_337] = 10_000
+    keep = figures.decimate(totals, 1000)
+    assert len(keep) <= 1002
+    assert 31_337 in keep and 0 in keep and 49_999 in keep
+    assert keep == sorted(keep)
+    assert figures.decimate([1, 2, 3], 1000) == [0, 1, 2]
+
+
+def test_timeline_is_stacked_by_kind_with_budget_and_peak():
+    live = [(i * 2**20, (i % 5) * 2**20, 0 if i < 3000 else 2**20) for i in range(6000)]
+    live[4321] = (10**11, 0, 0)  # a spike: the peak
+    fig = figures.timeline_figure(steps(live, 3000), 3000, budget=int(2e11), block_names=["b"])
+    data = fig["data"]
+    assert [t["name"] for t in data[:3]] == ["activations", "temporaries", "gradients"]
+    assert all(t["stackgroup"] == "live" for t in data[:3])
+    assert all(len(t["x"]) <= figures.MAX_POINTS + 2 for t in data)
+    size = fig["layout"]["meta"]["size"]
+    total = [sum(x) for x in live]
+    budget = data[figures.T_BUDGET]
+    assert budget["meta"] == "budget" and budget["y"][0] == budget["y"][1]
+    assert budget["y"][0] == pytest.approx(2e11 / size, rel=1e-4)
+    peak = data[figures.T_PEAK]
+    assert peak["x"] == [4321]
+    assert peak["y"][0] == pytest.approx(max(total) / size, rel=1e-4)
+    # the stack's top at the peak step is the peak: decimation did not lose it
+    i = data[0]["x"].index(4321)
+    top = sum(data[k]["y"][i] for k in range(3))
+    assert top == pytest.approx(max(total) / size, rel=1e-4)
+    assert "op4321" in data[0]["text"][i]
+    assert len(fig["layout"]["shapes"]) == 2  # forward and backward shading
+
+
+def test_tradeoff_marks_the_budget_and_puts_the_current_method_first():
+    fig = figures.tradeoff_figure(
+        {"sqrt_n": [(60, 30)], "rockmate": [(40, 50), (70, 10), (100, 0)]},
+        {"rockmate": "Rockmate"},
+        "rockmate",
+        70,
+    )
+    assert fig["data"][0]["meta"] == "rockmate" and fig["data"][0]["x"] == [40, 70, 100]
+    assert fig["layout"]["shapes"][0]["x0"] == 70
+
+
+def test_graph_stylesheet_colours_fates_and_highlights():
+    sheet = figures.graph_stylesheet({"kept": [1, 2], "recomputed": [3], "freed": []}, [3], [1])
+    selectors = [r["selector"] for r in sheet]
+    assert "#o1, #o2" in selectors and "#o3" in selectors
+
+
+def test_lru_keeps_at_most_size_and_evicts_least_recent():
+    cache = LRU(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # a is now the most recent
+    cache.put("c", 3)
+    assert cache.keys() == ["a", "c"] and len(cache) == 2
+    with pytest.raises(ValueError):
+        LRU(0)
+
+
+def test_lru_makes_each_key_once_across_threads():
+    cache = LRU(4)
+    calls = []
+
+    def make():
+        calls.append(1)
+        time.sleep(0.05)
+        return object()
+
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_make("k", make)))
+        for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len({id(r) for r in results}) == 1
+
+
+def test_plan_views_on_a_real_model():
+    studio = Studio()
+    key = studio.key("gpt-1layer", "estimated", "cpu")
+    problem = studio.problem(key)
+    peak = problem.store_all_peak
+    method = "checkpoint_blocks"
+    minimum = studio.minimum(key, method)
+    assert minimum <= peak and slider_minimum(minimum, peak) <= 100
+    plan = studio.plan(key, method, minimum)
+    assert studio.plan(key, method, minimum) is plan  # cached
+    fates = op_fates(problem, plan)
+    assert sorted(sum(fates.values(), [])) == sorted(problem.graph.forward_ops)
+    assert fates["recomputed"]
+    recompute = next(s.index for s in plan.timeline if s.recompute)
+    assert "Recompute" in step_view(problem, plan, recompute)["why"]
+    fig = figures.timeline_figure(plan.timeline, plan.backward_start, plan.budget)
+    assert fig["data"][figures.T_PEAK]["y"][0] <= fig["data"][figures.T_BUDGET]["y"][0]
+
+
+def test_a_bad_model_spec_is_refused_in_plain_words():
+    from app.server import load_spec
+
+    with pytest.raises(ValueError, match="cannot import 'no_such_package.models'"):
+        load_spec("no_such_package.models:build")
+    with pytest.raises(ValueError, match="package.module:callable"):
+        load_spec("gpt-tiny")
+    name, build = load_spec("sample_models:build")
+    assert name == "sample_models:build" and callable(build)

@@ -1,0 +1,195 @@
+"""The app in a real headless Chromium (pytest-playwright, Debian's chromium; see conftest)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import core
+from app import ids
+from app.bench import choose, serve_in_thread, slider_value, wait_ready
+from app.figures import fmt_bytes
+from app.server import create_app
+
+pytestmark = pytest.mark.browser
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+
+# the timeline's figure, as plotly holds it in the page
+FIG = "() => { const g = document.querySelector('#timeline .js-plotly-plot'); return {data: g.data, meta: g.layout.meta}; }"
+CY = """() => [document.getElementById('graph'), ...document.querySelectorAll('#graph *')]
+  .find(e => e._cyreg) ._cyreg.cy"""
+
+
+class Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:  # data-dependent control flow: cannot be traced
+            y = y * 2
+        return y.sum()
+
+
+def untraceable():
+    return Untraceable(), (torch.randn(2, 4),)
+
+
+@pytest.fixture(scope="module")
+def url():
+    app = create_app({"untraceable": untraceable})
+    address, server = serve_in_thread(app)
+    yield address
+    server.shutdown()
+
+
+@pytest.fixture
+def ready(page, url):
+    page.set_viewport_size({"width": 1400, "height": 1100})
+    page.goto(url)
+    wait_ready(page, "gpt-tiny", 60_000)
+    page.wait_for_function("() => document.querySelector('#num-peak').textContent !== '–'")
+    return page
+
+
+def figure(page) -> dict:
+    return page.evaluate(FIG)
+
+
+def trace(fig: dict, meta: str) -> dict:
+    return next(t for t in fig["data"] if t.get("meta") == meta)
+
+
+def press(page, key: str) -> None:
+    """Press `key` on the budget slider and wait for the timeline drawn for the new value."""
+    page.locator(f"#{ids.BUDGET} [role=slider]").focus()
+    page.keyboard.press(key)
+    page.wait_for_function(
+        """(v) => { const g = document.querySelector('#timeline .js-plotly-plot');
+          return g.layout.meta && g.layout.meta.budget_pct === v; }""",
+        arg=slider_value(page),
+    )
+
+
+def graph_nodes(page, selector: str) -> int:
+    return page.evaluate(f"() => ({CY})().nodes('{selector}').length")
+
+
+def test_page_shows_blocks_timeline_and_numbers(ready):
+    page = ready
+    blocks = graph_nodes(page, ".block")
+    assert blocks >= 3  # gpt-tiny: embeddings, two layers, head
+    assert graph_nodes(page, ".op") > blocks
+    assert "gpt-tiny" in page.inner_text(f"#{ids.INTRO}")
+    fig = figure(page)
+    kinds = [t["name"] for t in fig["data"][:3]]
+    assert kinds == ["activations", "temporaries", "gradients"]
+    assert all(t.get("stackgroup") == "live" for t in fig["data"][:3])
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(SHOTS / "app.png"), full_page=True)
+
+
+def test_slider_keyboard_re_solves_and_peak_stays_under_budget(ready):
+    page = ready
+    press(page, "End")
+    assert slider_value(page) == 100
+    assert page.inner_text(f"#{ids.OVERHEAD}") == "0.0%"
+    at_full = figure(page)
+    press(page, "Home")  # the smallest feasible budget
+    low = slider_value(page)
+    assert low < 100
+    for _ in range(3):
+        press(page, "ArrowRight")
+    assert slider_value(page) == low + 1.5
+    fig = figure(page)
+    budget = trace(fig, "budget")["y"][0]
+    peak = trace(fig, "peak")["y"][0]
+    assert budget < trace(at_full, "budget")["y"][0]
+    assert fig["data"][0]["y"] != at_full["data"][0]["y"]  # the timeline changed
+    assert peak <= budget
+    assert page.inner_text(f"#{ids.OVERHEAD}") != "0.0%"
+    assert int(page.inner_text(f"#{ids.RECOMPUTED}")) > 0
+
+
+def test_clicking_the_tradeoff_curve_sets_the_budget(ready):
+    page = ready
+    points = page.locator(f"#{ids.TRADEOFF} .scatterlayer .trace:first-child .points path")
+    assert points.count() >= 3
+    target = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').data[0].x[2]")
+    box = points.nth(2).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expected = round(target * 2) / 2
+    page.wait_for_function(
+        "(v) => document.querySelector('#timeline .js-plotly-plot').layout.meta.budget_pct === v",
+        arg=expected,
+    )
+    assert slider_value(page) == expected
+
+
+def test_export_downloads_a_plan_that_loads(ready, tmp_path):
+    page = ready
+    press(page, "ArrowLeft")
+    shown_peak = page.inner_text(f"#{ids.PEAK}")
+    with page.expect_download() as download:
+        page.click(f"#{ids.EXPORT}")
+    path = tmp_path / "plan.pkl"
+    download.value.save_as(path)
+    plan = core.load_plan(str(path))
+    assert fmt_bytes(plan.predicted_peak) == shown_peak
+    code = page.inner_text(f"#{ids.EXPORT_CODE}")
+    assert 'core.load_plan("plan.pkl")' in code and "core.apply_plan(model, plan)" in code
+
+
+def test_step_through_moves_the_highlight(ready):
+    page = ready
+    page.click(f"#{ids.STEP_NEXT}")
+    page.wait_for_function(
+        "() => document.querySelector('#step-text').textContent.startsWith('step 1 ')"
+    )
+    first = page.inner_text(f"#{ids.STEP_WHY}")
+    assert "block" in first
+    marker = trace(figure(page), "marker")["x"]
+    for _ in range(3):
+        page.click(f"#{ids.STEP_NEXT}")
+    page.wait_for_function(
+        "() => document.querySelector('#step-text').textContent.startsWith('step 4 ')"
+    )
+    page.wait_for_function(
+        "(x) => { const g = document.querySelector('#timeline .js-plotly-plot');"
+        " const m = g.data.find(t => t.meta === 'marker'); return m.x[0] !== x; }",
+        arg=marker[0],
+    )
+    running = page.evaluate(
+        f"() => ({CY})().nodes('.op').filter(n => n.numericStyle('width') > 20).map(n => n.id())"
+    )
+    assert running  # the running op is drawn large and highlighted
+    page.click(f"#{ids.PLAY}")
+    page.wait_for_function(
+        "() => parseInt(document.querySelector('#step-text').textContent.split(' ')[1]) > 5"
+    )
+    page.click(f"#{ids.PLAY}")
+    page.screenshot(path=str(SHOTS / "step-through.png"), full_page=True)
+
+
+def test_clicking_a_block_lists_its_ops(ready):
+    page = ready
+    page.evaluate(f"() => ({CY})().$('#b1').emit('tap')")
+    page.wait_for_selector(f"#{ids.BLOCK_PANEL} table.ops")
+    assert re.search(r"block 1 · ", page.inner_text(f"#{ids.BLOCK_PANEL}"))
+
+
+def test_an_untraceable_model_shows_its_error(ready):
+    page = ready
+    choose(page, ids.MODEL, "untraceable")
+    error = page.locator(f"#{ids.ERROR}")
+    error.wait_for(state="visible", timeout=60_000)
+    assert "cannot be traced" in error.inner_text()
+    page.screenshot(path=str(SHOTS / "error.png"))
+    choose(page, ids.MODEL, "gpt-tiny")  # the app stays up
+    error.wait_for(state="hidden", timeout=60_000)

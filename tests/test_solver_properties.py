@@ -1,0 +1,220 @@
+"""Solvers against brute force on small abstract problems (hypothesis)."""
+
+import dataclasses
+import heapq
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.solvers.checkmate import Dag, DagOp, solve_ilp
+from core.solvers.options import BlockOption, ChainBlock
+from core.solvers.rotor import compute_table
+
+# ---- Rotor on abstract chains -------------------------------------------------------------
+
+
+@st.composite
+def chains(draw):
+    n = draw(st.integers(1, 4))
+    blocks = []
+    for j in range(n):
+        out = 0 if j == n - 1 else draw(st.integers(1, 4))
+        options = []
+        for _ in range(draw(st.integers(1, 3))):
+            kept = draw(st.integers(0, 6))
+            options.append(
+                BlockOption(
+                    (),
+                    (),
+                    forward_time=float(draw(st.integers(1, 5))),
+                    forward_peak=out + kept + draw(st.integers(0, 3)),
+                    kept=kept,
+                    reads_output=j < n - 1 and draw(st.booleans()),
+                    backward_time=float(draw(st.integers(1, 9))),
+                    backward_peak=draw(st.integers(0, 6)),
+                )
+            )
+        blocks.append(
+            ChainBlock(
+                output=out,
+                grad=0 if j == 0 else draw(st.integers(0, 3)),
+                permanent=draw(st.integers(0, 2)),
+                forward_runs=(),
+                forward_time=min(o.forward_time for o in options),
+                forward_peak=min(
+                    [out + draw(st.integers(0, 3))] + [o.forward_peak for o in options]
+                ),
+                options=options,
+            )
+        )
+    for j, blk in enumerate(blocks):  # a backward peaks at least where it ends
+        incoming = blocks[j + 1].grad if j + 1 < n else 0
+        for i, o in enumerate(blk.options):
+            end = blk.grad + blk.permanent - o.kept - incoming
+            if o.backward_peak < end:
+                blk.options[i] = dataclasses.replace(o, backward_peak=end)
+    return blocks, draw(st.integers(4, 30))
+
+
+def brute_force_chain(blocks: list[ChainBlock], budget: int) -> float:
+    """Dijkstra over (next block to backprop, live items) with explicit frees: any order of
+    forwards (keeping nothing or an option's values), backwards and frees."""
+    n = len(blocks)
+
+    def size(item) -> int:
+        return blocks[item[1]].output if item[0] == "A" else blocks[item[1]].options[item[2]].kept
+
+    def memory(b: int, live: frozenset) -> int:
+        grad = blocks[b + 1].grad if b + 1 < n else 0
+        return sum(size(i) for i in live) + grad + sum(x.permanent for x in blocks[b + 1 :])
+
+    start = (n - 1, frozenset())
+    heap = [(0.0, 0, start)]
+    seen = {}
+    tie = itertools.count()
+    while heap:
+        cost, _, (b, live) = heapq.heappop(heap)
+        if b < 0:
+            return cost
+        if seen.get((b, live), float("inf")) < cost:
+            continue
+        mem = memory(b, live)
+        moves = []
+        for item in live:  # Rotor's model: a block's input stays while its Fe values do
+            if item[0] == "A" and any(i[0] == "K" and i[1] == item[1] + 1 for i in live):
+                continue
+            moves.append((0.0, b, live - {item}, 0))
+        for j in range(b + 1):
+            has_input = j == 0 or ("A", j - 1) in live
+            busy = ("A", j) in live or any(i[0] == "K" and i[1] == j for i in live)
+            if not has_input or busy:
+                continue
+            out = {("A", j)} if j < n - 1 else set()
+            blk = blocks[j]
+            moves.append((blk.forward_time, b, live | out, blk.forward_peak))
+            for o, opt in enumerate(blk.options):
+                moves.append((opt.forward_time, b, live | out | {("K", j, o)}, opt.forward_peak))
+        for o, opt in enumerate(blocks[b].options):
+            needs = {("K", b, o)} | ({("A", b - 1)} if b > 0 else set())
+            if opt.reads_output:
+                needs.add(("A", b))
+            if needs <= live:
+                rest = live - {("K", b, o), ("A", b)}
+                moves.append((opt.backward_time, b - 1, rest, opt.backward_peak))
+        for dt, nb, nlive, peak in moves:
+            if mem + peak > budget:
+                continue
+            if nb == b and memory(nb, nlive) > budget:
+                continue
+            key = (nb, frozenset(nlive))
+            if cost + dt < seen.get(key, float("inf")):
+                seen[key] = cost + dt
+                heapq.heappush(heap, (cost + dt, next(tie), key))
+    return float("inf")
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains())
+def test_rotor_equals_brute_force(case):
+    blocks, budget = case
+    table = compute_table(blocks, budget, slots=budget)
+    assert table.slot == 1
+    assert table.best(budget) == brute_force_chain(blocks, budget)
+
+
+# ---- the restricted Checkmate ILP on abstract DAGs -----------------------------------------
+
+
+@st.composite
+def dags(draw):
+    nf, nb = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    ops, sizes, fvals = [], {}, []
+    for i in range(nf):
+        pool = [-1] + fvals  # -1: an external input
+        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True))
+        ops.append(DagOp(tuple(reads), (i,), float(draw(st.integers(1, 5))), False))
+        sizes[i] = draw(st.integers(1, 5))
+        fvals.append(i)
+    bvals = []
+    for k in range(nb):
+        v = nf + k
+        first = [fvals[-1]] if k == 0 else [bvals[-1]]
+        extra = draw(st.lists(st.sampled_from(fvals), max_size=2, unique=True))
+        ops.append(DagOp(tuple(dict.fromkeys(first + extra)), (v,), 1.0, True))
+        sizes[v] = draw(st.integers(1, 5))
+        bvals.append(v)
+    final = frozenset({bvals[-1]} | set(draw(st.lists(st.sampled_from(bvals), max_size=2))))
+    return Dag(ops, sizes, final=final), draw(st.integers(3, 25))
+
+
+def brute_force_ilp(dag: Dag, budget: int) -> float:
+    """The restricted model's optimum by dynamic programming over stages and stored sets."""
+    ops, sizes = dag.ops, dag.sizes
+    fwd = [i for i, op in enumerate(ops) if not op.backward]
+    bwd = [i for i, op in enumerate(ops) if op.backward]
+    producer = {v: f for f in fwd for v in ops[f].outputs}
+    fvals = sorted(producer)
+    stage = {b: k for k, b in enumerate(bwd)}
+    live = [0] * len(bwd)
+    for b in bwd:
+        for v in ops[b].outputs:
+            reads = [stage[c] for c in bwd if v in ops[c].inputs]
+            end = len(bwd) - 1 if v in dag.final else max(reads, default=stage[b])
+            for k in range(stage[b], end + 1):
+                live[k] += sizes[v]
+    last = {v: max([f for f in fwd if v in ops[f].inputs] + [producer[v]]) for v in fvals}
+
+    def subsets(items):
+        items = sorted(items)
+        for r in range(len(items) + 1):
+            yield from (frozenset(c) for c in itertools.combinations(items, r))
+
+    best: dict[frozenset, float] = {}
+    for keep in subsets(fvals):
+        ok = all(
+            sum(sizes[v] for v in fvals if producer[v] <= f and (f <= last[v] or v in keep))
+            <= budget
+            for f in fwd
+        )
+        if ok:
+            best[keep] = 0.0
+    for k, b in enumerate(bwd):
+        nxt: dict[frozenset, float] = {}
+        for stored, cost in best.items():
+            for rec in subsets(fwd):
+                outs = {v for f in rec for v in ops[f].outputs}
+                if outs & stored:
+                    continue
+                have = set(stored)
+                valid = True
+                for f in sorted(rec):
+                    if not all(u in have or u not in producer for u in ops[f].inputs):
+                        valid = False
+                        break
+                    have |= set(ops[f].outputs)
+                need = {u for u in ops[b].inputs if u in producer}
+                if not valid or not need <= have:
+                    continue
+                mem = live[k] + sum(sizes[v] for v in stored) + sum(sizes[v] for v in outs)
+                if mem > budget:
+                    continue
+                c = cost + sum(ops[f].time for f in rec)
+                for carry in subsets(have):
+                    if c < nxt.get(carry, float("inf")):
+                        nxt[carry] = c
+        best = nxt
+    return min(best.values(), default=float("inf"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(dags(), st.sampled_from(["highs", "cbc"]))
+def test_checkmate_ilp_equals_brute_force(case, solver):
+    dag, budget = case
+    expected = brute_force_ilp(dag, budget)
+    result = solve_ilp(dag, budget, solver, time_limit=20, lookahead=None)
+    if expected == float("inf"):
+        assert result is None
+    else:
+        assert result is not None and result.optimal
+        assert abs(result.objective - expected) < 1e-9

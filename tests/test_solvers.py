@@ -1,0 +1,105 @@
+"""Every solver's plans on real models: valid, measured peak as predicted, gradients as eager."""
+
+import pytest
+import torch
+
+import core
+from core.errors import InfeasibleBudget
+from core.memory import StorageTracker, step_tensors
+from core.tradeoff import minimum_budget, tradeoff
+from sample_models import SMALL, build
+
+MODELS = [*SMALL, "gpt-1layer"]
+FRACTIONS = (0.8, 0.5, 0.3)
+_PROBLEMS: dict[str, tuple] = {}
+
+
+def _setup(name: str):
+    """Model, inputs, problem and eager gradients, once per model."""
+    if name not in _PROBLEMS:
+        model, inputs = build(name)
+        problem = core.analyze(model, inputs)
+        _PROBLEMS[name] = (model, inputs, problem, _step(model, inputs, model))
+    return _PROBLEMS[name]
+
+
+def _step(model, inputs, runner) -> tuple[int, dict]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1234)
+    with StorageTracker(step_tensors(model, inputs)) as tracker:
+        loss = runner(*inputs)
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return tracker.peak, grads
+
+
+def _check(name: str, plan: core.Plan, budget: int) -> None:
+    model, inputs, problem, (_, eager) = _setup(name)
+    assert plan.predicted_peak <= budget
+    measured, grads = _step(model, inputs, core.apply_plan(model, plan))
+    assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak
+    assert measured <= 1.05 * budget
+    assert grads.keys() == eager.keys()
+    for key in eager:
+        torch.testing.assert_close(grads[key], eager[key])
+
+
+def _budgets(problem, method):
+    for f in FRACTIONS:
+        yield int(f * problem.store_all_peak)
+    yield minimum_budget(problem, method)
+
+
+@pytest.mark.parametrize("method", ["rotor", "rockmate"])
+@pytest.mark.parametrize("name", MODELS)
+def test_chain_plans_run_as_predicted(name, method):
+    _, _, problem, _ = _setup(name)
+    for budget in _budgets(problem, method):
+        try:
+            plan = core.solve(problem, budget, method)
+        except InfeasibleBudget as e:
+            assert e.minimum > budget
+            continue
+        _check(name, plan, budget)
+
+
+def test_checkmate_whole_graph_plans_run_as_predicted():
+    _, _, problem, _ = _setup("gpt-1layer")
+    budget = int(0.8 * problem.store_all_peak)
+    from core.solvers.checkmate import solve
+
+    plan = solve(problem, budget, time_limit=5)
+    _check("gpt-1layer", plan, budget)
+    assert plan.overhead < 1.3
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_rockmate_never_slower_than_baselines(name):
+    _, _, problem, _ = _setup(name)
+    for baseline in ("checkpoint_blocks", "sqrt_n"):
+        for f in (0.9, *FRACTIONS):
+            try:
+                base = core.solve(problem, f, baseline)
+            except InfeasibleBudget:
+                continue
+            plan = core.solve(problem, f, "rockmate")
+            assert plan.predicted_time <= base.predicted_time * (1 + 1e-9), (baseline, f)
+
+
+def test_tradeoff_is_monotone_and_within_budget():
+    _, _, problem, _ = _setup("gpt-tiny")
+    points = core.tradeoff(problem, "rockmate", points=12)
+    assert points == tradeoff(problem, "rockmate", points=12)
+    assert points[0].budget == minimum_budget(problem, "rockmate")
+    assert points[-1].budget == problem.store_all_peak
+    assert points[-1].overhead == pytest.approx(1.0)
+    for a, b in zip(points, points[1:]):
+        assert b.overhead <= a.overhead
+    assert all(p.predicted_peak <= p.budget for p in points)
+
+
+def test_rockmate_cuts_gpt_memory_cheaply():
+    _, _, problem, _ = _setup("gpt-tiny")
+    plan = core.solve(problem, 0.6, "rockmate")
+    assert plan.overhead < 1.25
+    assert minimum_budget(problem, "rockmate") < 0.4 * problem.store_all_peak
