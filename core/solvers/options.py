@@ -27,7 +27,7 @@ from core.solvers.checkmate import DEFAULT_SOLVER, Dag, DagOp, simulate_runs, so
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
-_VERSION = 2
+_VERSION = 3
 _MEMORY: dict[str, list[BlockOption]] = {}
 
 
@@ -207,7 +207,7 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
     full = _option(dag, _store_all(dag))
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
-    found = [full]
+    found = [full, *_keep_set_options(dag, full)]
     if any(op.backward for op in dag.ops):
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
             result = solve_ilp(
@@ -222,11 +222,80 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
     return [o.runs for o in _pareto(dag, found)]
 
 
+def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
+    """Options from keep sets, found greedily and simulated exactly.
+
+    The ILP's stage memory rows are conservative, so it misses the options that matter most
+    in attention: keep the matmul outputs, recompute the big pointwise results (softmax,
+    dropout masks) just before the backward reads them. Starting from store-all, drop at each
+    step the kept value whose recompute adds the least time per byte it frees (recomputing a
+    value also recomputes whatever it needs that is no longer kept); every step is an option.
+    """
+    nf = dag.n_forward
+    producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
+    # an op that produces a step output (the loss) must not run twice: keep all it produces
+    pinned = {v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs}
+    keep = {
+        v for v in full.stats.kept if v in producer and dag.sizes.get(v, 0) > 0 and v not in pinned
+    }
+    current = full
+    found = []
+    while keep:
+        best: tuple[float, int, _LocalOption] | None = None
+        for v in sorted(keep):
+            trial = _option(dag, _runs_keeping(dag, frozenset(keep - {v}), producer, pinned))
+            freed = _kept_bytes(dag, current) - _kept_bytes(dag, trial)
+            if freed <= 0:
+                continue
+            extra = _total_time(trial) - _total_time(current)
+            if best is None or extra / freed < best[0]:
+                best = (extra / freed, v, trial)
+        if best is None:
+            break
+        keep.discard(best[1])
+        current = best[2]
+        found.append(current)
+    return found
+
+
+def _kept_bytes(dag: Dag, option: _LocalOption) -> int:
+    return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
+
+
+def _total_time(option: _LocalOption) -> float:
+    return option.stats.forward_time + option.stats.backward_time
+
+
+def _runs_keeping(
+    dag: Dag, keep: frozenset[int], producer: dict[int, int], pinned: set[int]
+) -> list[int]:
+    """Forward once; in the backward, recompute each dropped forward value just before a
+    backward op reads it (recursively from what is available)."""
+    nf = dag.n_forward
+    runs = list(range(nf))
+    available = set(keep) | dag.held | pinned
+
+    def ensure(v: int) -> None:
+        if v in available or v not in producer:
+            return
+        op = dag.ops[producer[v]]
+        for u in op.inputs:
+            ensure(u)
+        runs.append(producer[v])
+        available.update(op.outputs)
+
+    for i in range(nf, len(dag.ops)):
+        for v in dag.ops[i].inputs:
+            ensure(v)
+        runs.append(i)
+        available.update(dag.ops[i].outputs)
+    return runs
+
+
 def _pareto(dag: Dag, options: list[_LocalOption]) -> list[_LocalOption]:
     def figures(o: _LocalOption) -> tuple:
         s = o.stats
-        kept = sum(dag.sizes.get(v, 0) for v in s.kept)
-        return (s.forward_time + s.backward_time, kept, s.forward_peak, s.backward_peak)
+        return (_total_time(o), _kept_bytes(dag, o), s.forward_peak, s.backward_peak)
 
     scored = sorted({figures(o): o for o in options}.items())
     out: list[_LocalOption] = []
