@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 import threading
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from app import callbacks
 from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
 from app.state import DEFAULT_MODEL, Studio
+from core.model_spec import ModelSpecError, resolve_builder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -54,28 +54,6 @@ def create_app(
     return app
 
 
-def load_spec(spec: str) -> tuple[str, Callable]:
-    """(name, builder) for "package.module:callable"; raises ValueError in plain words."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--model {spec!r}: write package.module:callable")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any import-time error of the user's module
-        raise ValueError(f"--model {spec!r}: cannot import {module_name!r}: {e}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"--model {spec!r}: {module_name} has no callable {attr!r}")
-
-    def build():
-        result = fn()
-        if not isinstance(result, tuple) or len(result) != 2:
-            raise ValueError(f"{spec} must return (model, example_inputs), got {type(result)}")
-        return result[0], tuple(result[1])
-
-    return spec, build
-
-
 def serve(
     host: str = "127.0.0.1", port: int = 8050, model: str | None = None, debug: bool = False
 ) -> None:
@@ -84,9 +62,8 @@ def serve(
     extra, error, initial = {}, "", None
     if model:
         try:
-            name, build = load_spec(model)
-            extra[name], initial = build, name
-        except ValueError as e:
+            extra[model], initial = resolve_builder(model), model
+        except ModelSpecError as e:
             error = f"{e}. Showing the sample models instead."
     app = create_app(extra, initial_model=initial, startup_error=error)
     print(f"Remat Studio: http://{host}:{port}/", flush=True)

@@ -3,43 +3,60 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from core.errors import RematError
 
+Builder = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
 
-class ModelSpecError(RematError):
+
+class ModelSpecError(RematError, ValueError):
     """A MODEL argument that names nothing loadable."""
 
 
-def load_model(spec: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """(model, example_inputs) for a sample name ("gpt-tiny") or "package.module:callable"."""
+def resolve_builder(spec: str) -> Builder:
+    """A zero-argument builder for a sample name ("gpt-tiny") or "package.module:callable".
+
+    The module is imported now (so a wrong spec fails at once); the model is built when the
+    builder is called, and its result checked to be (model, example_inputs).
+    """
     import sample_models
 
     if ":" not in spec:
         if spec in sample_models.REGISTRY:
-            return sample_models.build(spec)
+            return sample_models.REGISTRY[spec]
         raise ModelSpecError(
             f"unknown model {spec!r}: use a sample name ({', '.join(sample_models.names())}) "
             "or package.module:callable returning (model, example_inputs)"
         )
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ModelSpecError(f"model {spec!r}: write package.module:callable")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
+    except Exception as e:  # noqa: BLE001 - any import-time error of the user's module
         raise ModelSpecError(f"cannot import {module_name!r} for model {spec!r}: {e}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelSpecError(f"{module_name} has no callable {attr!r} (from model {spec!r})")
-    result = fn()
-    if (
-        not isinstance(result, tuple)
-        or len(result) != 2
-        or not isinstance(result[0], nn.Module)
-        or not isinstance(result[1], Sequence)
-    ):
-        raise ModelSpecError(f"{spec} must return (model, example_inputs), got {type(result)}")
-    return result[0], tuple(result[1])
+
+    def build() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        result = fn()
+        if (
+            not isinstance(result, tuple)
+            or len(result) != 2
+            or not isinstance(result[0], nn.Module)
+            or not isinstance(result[1], Sequence)
+        ):
+            raise ModelSpecError(f"{spec} must return (model, example_inputs), got {type(result)}")
+        return result[0], tuple(result[1])
+
+    return build
+
+
+def load_model(spec: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """(model, example_inputs) for a MODEL argument."""
+    return resolve_builder(spec)()

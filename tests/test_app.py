@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from app import figures
 from app.cache import LRU
@@ -134,11 +135,13 @@ def test_plan_views_on_a_real_model():
 
 
 def test_a_bad_model_spec_is_refused_in_plain_words():
-    from app.server import load_spec
+    from core.model_spec import ModelSpecError, resolve_builder
 
-    with pytest.raises(ValueError, match="cannot import 'no_such_package.models'"):
-        load_spec("no_such_package.models:build")
-    with pytest.raises(ValueError, match="package.module:callable"):
-        load_spec("gpt-tiny")
-    name, build = load_spec("sample_models:build")
-    assert name == "sample_models:build" and callable(build)
+    with pytest.raises(ModelSpecError, match="cannot import 'no_such_package.models'"):
+        resolve_builder("no_such_package.models:build")
+    with pytest.raises(ModelSpecError, match="package.module:callable"):
+        resolve_builder("no-such-sample")
+    with pytest.raises(ModelSpecError, match="has no callable"):
+        resolve_builder("sample_models:nothing_here")
+    model, inputs = resolve_builder("gpt-tiny")()
+    assert isinstance(model, torch.nn.Module) and inputs
