@@ -22,6 +22,7 @@ from app.state import (
     slider_minimum,
     step_view,
 )
+from core.errors import fmt_bytes
 
 HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
 
@@ -319,7 +320,7 @@ def register(app: Dash, studio: Studio) -> None:
                 [
                     html.Td(op.name),
                     html.Td(op.label),
-                    html.Td(figures.fmt_bytes(out)),
+                    html.Td(fmt_bytes(out)),
                     html.Td(fate, className=f"fate {fate}"),
                 ]
             )
@@ -328,7 +329,7 @@ def register(app: Dash, studio: Studio) -> None:
             html.H3(f"block {block.index} · {block.name}"),
             html.P(
                 f"{len(block.forward_ops)} forward and {len(block.backward_ops)} backward ops; "
-                f"activations {figures.fmt_bytes(block.activation_bytes)}; same kind as blocks "
+                f"activations {fmt_bytes(block.activation_bytes)}; same kind as blocks "
                 f"{', '.join(map(str, same))}."
             ),
             html.Table(
@@ -383,4 +384,4 @@ def _tradeoff(studio: Studio, context: dict, value: float) -> dict:
 
 
 def fmt(n: float) -> str:
-    return figures.fmt_bytes(n)
+    return fmt_bytes(n)

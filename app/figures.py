@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import fmt_bytes
+
 MAX_POINTS = 1000
 
 KIND_COLORS = {"activations": "#4c78a8", "temporaries": "#f58518", "gradients": "#54a24b"}
@@ -38,14 +40,6 @@ def pick_unit(nbytes: float) -> tuple[str, float]:
         if nbytes >= 2 * size:
             return name, size
     return "B", 1
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def decimate(totals: Sequence[float], max_points: int = MAX_POINTS) -> list[int]:

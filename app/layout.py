@@ -6,8 +6,9 @@ import dash_cytoscape as cyto
 from dash import dcc, html
 
 from app import ids
-from app.figures import FATE_COLORS, FATE_TEXT, fmt_bytes, graph_stylesheet
+from app.figures import FATE_COLORS, FATE_TEXT, graph_stylesheet
 from app.state import DEVICES, METHOD_LABELS
+from core.errors import fmt_bytes
 
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")

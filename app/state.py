@@ -296,7 +296,7 @@ def _bytes(op, graph) -> str:
 
 
 def _fmt(n: float) -> str:
-    from app.figures import fmt_bytes
+    from core.errors import fmt_bytes
 
     return fmt_bytes(n)
 

@@ -7,15 +7,7 @@ import shutil
 
 import pytest
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from app.bench import CHROMIUM_ARGS
 
 
 def chromium_path() -> str | None:

@@ -12,8 +12,8 @@ from torch import nn
 import core
 from app import ids
 from app.bench import choose, serve_in_thread, slider_value, wait_ready
-from app.figures import fmt_bytes
 from app.server import create_app
+from core.errors import fmt_bytes
 
 pytestmark = pytest.mark.browser
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
