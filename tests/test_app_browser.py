@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -16,7 +17,11 @@ from app.server import create_app
 from core.errors import fmt_bytes
 
 pytestmark = pytest.mark.browser
-SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+# screenshots go to test-results/ (ignored); REMAT_SCREENSHOTS=docs refreshes the README's
+SHOTS = Path(__file__).resolve().parent.parent / (
+    "docs/screenshots" if os.environ.get("REMAT_SCREENSHOTS") == "docs" else "test-results"
+)
+SHOTS.mkdir(exist_ok=True)
 
 # the timeline's figure, as plotly holds it in the page
 FIG = "() => { const g = document.querySelector('#timeline .js-plotly-plot'); return {data: g.data, meta: g.layout.meta}; }"
