@@ -145,6 +145,8 @@ REGISTRY: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = 
     ),
     "mlp-tiny": _mlp(4, 64, 32, batch=16, classes=10, size="tiny"),
     "mlp": _mlp(8, 1024, 1024, batch=64, classes=10, size="medium"),
+    # a large batch makes activations, not gradients, the bulk of memory: room to recompute
+    "mlp-batch": _mlp(6, 128, 128, batch=512, classes=10, size="large-batch"),
 }
 
 # One quick preset per family, for fast tests.

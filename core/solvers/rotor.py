@@ -28,6 +28,9 @@ SLOTS = 1000
 _LEAF = 1 << 20
 
 
+LOOSEN_PROBES = 10  # table reads spent looking above the chain model's answer
+
+
 @dataclass
 class Table:
     """Rotor's table over sub-chains and memory slots."""
@@ -40,6 +43,11 @@ class Table:
         n = max(s for s, _ in self.cost) + 1
         arr = self.cost[(0, n - 1)]
         return float(arr[min(slots, len(arr) - 1)]) if slots >= 0 else float("inf")
+
+    @property
+    def max_slots(self) -> int:
+        n = max(s for s, _ in self.cost) + 1
+        return len(self.cost[(0, n - 1)]) - 1
 
     def min_slots(self) -> int | None:
         n = max(s for s, _ in self.cost) + 1
@@ -167,12 +175,39 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
         tried.add(slots)
         plan = _plan_at(problem, blocks, table, slots, method, budget)
         if plan.predicted_peak <= budget:
-            return plan
+            return _loosen(problem, blocks, table, slots, plan, method, budget)
         slots -= max(1, -(-(plan.predicted_peak - budget) // table.slot))
     minimum = minimum_budget(problem, method)
     if minimum <= budget:
         return _plan_at(problem, blocks, table, lowest, method, budget)
     raise InfeasibleBudget(budget, minimum, method)
+
+
+def _loosen(
+    problem: Problem,
+    blocks: list[ChainBlock],
+    table: Table,
+    slots: int,
+    plan: Plan,
+    method: str,
+    budget: int,
+) -> Plan:
+    """The chain model over-counts some memory (values it keeps live for a whole stage), so a
+    plan read at a larger slot count may still fit once simulated exactly. Binary search the
+    slots above `slots` for the fastest plan whose simulated peak fits (a few table reads)."""
+    best, lo, hi = plan, slots, table.max_slots
+    for _ in range(LOOSEN_PROBES):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        trial = _plan_at(problem, blocks, table, mid, method, budget)
+        if trial.predicted_peak <= budget:
+            lo = mid
+            if trial.predicted_time < best.predicted_time:
+                best = trial
+        else:
+            hi = mid
+    return best
 
 
 def minimum_budget(problem: Problem, method: str = "rotor") -> int:
