@@ -18,6 +18,7 @@ for small models) and `core.solvers.options` on one block at a time.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import pulp
@@ -190,14 +191,14 @@ def solve_ilp(
     final_f = {v for v in fvals if v in dag.final}
 
     prob = pulp.LpProblem("checkmate", pulp.LpMinimize)
-    keep = {v: pulp.LpVariable(f"k_{v}", cat="Binary") for v in fvals}
+    keep = {v: prob.add_variable(f"k_{v}", cat="Binary") for v in fvals}
     R = {
-        (k, f): pulp.LpVariable(f"r_{k}_{f}", cat="Binary")
+        (k, f): prob.add_variable(f"r_{k}_{f}", cat="Binary")
         for k in range(len(bwd))
         for f in cand[k]
     }
     S = {
-        (k, v): pulp.LpVariable(f"s_{k}_{v}", cat="Binary")
+        (k, v): prob.add_variable(f"s_{k}_{v}", cat="Binary")
         for k in range(len(bwd))
         for v in fvals
         if v in later_use[k] or v in final_f
@@ -260,7 +261,9 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit: float) -> str:
     if solver == "highs":
         backend = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=1)
     elif solver == "cbc":
-        backend = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
+        with warnings.catch_warnings():  # the bundled CBC: deprecated for PuLP 4 (pinned < 4)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            backend = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
     else:
         raise ValueError(f"unknown ILP solver {solver!r}: use 'highs' or 'cbc'")
     prob.solve(backend)

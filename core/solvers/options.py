@@ -41,6 +41,7 @@ class BlockOption:
     forward_peak: int  # bytes above what was live before the forward (output included)
     kept: int  # bytes kept for the backward, the block's output excluded
     reads_output: bool  # the backward reads the block's output: it stays until then
+    reads_input: bool  # the backward reads the block's input: else it can go after the forward
     backward_time: float
     backward_peak: int  # bytes above what was live before the backward
 
@@ -141,6 +142,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
     for j, dag in enumerate(lay.dags):
         nf = dag.n_forward
         fwd_only = Dag(dag.ops[:nf], dag.sizes, frozenset(), dag.final, dag.held)
+        input_value = problem.blocks[j - 1].output_value if j > 0 else None
         stats = simulate_runs(fwd_only, list(range(nf)), nf)
         options = block_options(problem, dag) if with_options else [_option(dag, _store_all(dag))]
         out.append(
@@ -151,7 +153,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
                 forward_runs=tuple(dag.order[:nf]),
                 forward_time=stats.forward_time,
                 forward_peak=stats.forward_peak,
-                options=[_to_graph(dag, o, lay.outputs[j]) for o in options],
+                options=[_to_graph(dag, o, lay.outputs[j], input_value) for o in options],
             )
         )
     problem.cache[key] = out
@@ -172,8 +174,11 @@ def _option(dag: Dag, runs: list[int]) -> _LocalOption:
     return _LocalOption(tuple(runs), simulate_runs(dag, runs, dag.n_forward))
 
 
-def _to_graph(dag: Dag, local: _LocalOption, output_bytes: int) -> BlockOption:
+def _to_graph(
+    dag: Dag, local: _LocalOption, output_bytes: int, input_value: int | None
+) -> BlockOption:
     nf, st = dag.n_forward, local.stats
+    reads_input = any(input_value in dag.ops[i].inputs for i in local.runs[nf:])
     reads_output = any(v in st.kept for v in dag.held)
     kept = sum(dag.sizes.get(v, 0) for v in st.kept) - (output_bytes if reads_output else 0)
     return BlockOption(
@@ -183,6 +188,7 @@ def _to_graph(dag: Dag, local: _LocalOption, output_bytes: int) -> BlockOption:
         st.forward_peak,
         kept,
         reads_output,
+        reads_input,
         st.backward_time,
         st.backward_peak - st.backward_start,
     )

@@ -26,6 +26,7 @@ from core.solvers.options import ChainBlock, chain, layout
 
 SLOTS = 1000
 _LEAF = 1 << 20
+_KEEP_INPUT = -2  # a sub-chain that keeps its input throughout
 
 
 LOOSEN_PROBES = 10  # table reads spent looking above the chain model's answer
@@ -38,6 +39,8 @@ class Table:
     slot: int  # bytes per slot
     cost: dict[tuple[int, int], np.ndarray]  # (s, t) -> least time for each number of slots
     what: dict[tuple[int, int], np.ndarray]  # choice: option index, or _LEAF + j
+    free_what: dict[tuple[int, int], np.ndarray]  # input counted: option, or _KEEP_INPUT
+    out: list[int]  # slots of each block's output
 
     def best(self, slots: int) -> float:
         n = max(s for s, _ in self.cost) + 1
@@ -56,7 +59,14 @@ class Table:
 
 
 def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) -> Table:
-    """Fill C(s, t, m) for every sub-chain and m = 0..slots (each slot max_bytes/slots)."""
+    """Fill C(s, t, m) for every sub-chain and m = 0..slots (each slot max_bytes/slots).
+
+    Two tables: `keep` for a sub-chain whose input its caller keeps (outside m), as in
+    Rotor, and `free` for one whose input is counted in m and can be dropped as soon as no
+    option of the sub-chain still needs it (a ReLU's backward reads its output, not its
+    input). A checkpointed sub-chain, or one after an option that does not read its output,
+    is solved with `free`.
+    """
     slot = max(1, -(-max_bytes // slots))
     n = len(blocks)
 
@@ -69,8 +79,10 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
     m = np.arange(slots + 1)
     inf = np.inf
-    cost: dict[tuple[int, int], np.ndarray] = {}
-    what: dict[tuple[int, int], np.ndarray] = {}
+    keep_cost: dict[tuple[int, int], np.ndarray] = {}
+    keep_what: dict[tuple[int, int], np.ndarray] = {}
+    free_cost: dict[tuple[int, int], np.ndarray] = {}
+    free_what: dict[tuple[int, int], np.ndarray] = {}
 
     def shift(arr: np.ndarray, k: int) -> np.ndarray:
         if k <= 0:
@@ -80,24 +92,32 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
             res[k:] = arr[:-k]
         return res
 
+    def better(best, what, val, choice) -> None:
+        mask = val < best
+        best[mask], what[mask] = val[mask], choice
+
     for d in range(n):
         for s in range(n - d):
             t = s + d
-            best = np.full(slots + 1, inf)
-            choice = np.full(slots + 1, -1, dtype=np.int64)
+            inp = out[s - 1] if s > 0 else 0
+            k_best, k_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
+            f_best, f_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
             after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
             for i, o in enumerate(blocks[s].options):
                 kept = q(o.kept) + (out[s] if o.reads_output else 0)
-                ok = (m >= grad[t + 1] + q(o.forward_peak)) & (
-                    m >= grad[s + 1] + after + kept + q(o.backward_peak)
-                )
+                fwd_need = grad[t + 1] + q(o.forward_peak)
+                bwd_need = grad[s + 1] + after + kept + q(o.backward_peak)
                 if d == 0:
-                    val = np.where(ok, o.forward_time + o.backward_time, inf)
-                else:
-                    rest = shift(cost[(s + 1, t)], out[s] + q(o.kept))
-                    val = np.where(ok, o.forward_time + o.backward_time + rest, inf)
-                better = val < best
-                best[better], choice[better] = val[better], i
+                    rest = 0.0
+                elif o.reads_output:  # the output stays until this backward: keep it
+                    rest = shift(keep_cost[(s + 1, t)], out[s] + q(o.kept))
+                else:  # the sub-chain may drop the output once it is done with it
+                    rest = shift(free_cost[(s + 1, t)], q(o.kept))
+                val = o.forward_time + o.backward_time + rest
+                better(k_best, k_what, np.where((m >= fwd_need) & (m >= bwd_need), val, inf), i)
+                if not o.reads_input:  # the input can go once this forward has run
+                    ok = (m >= inp + fwd_need) & (m >= bwd_need)
+                    better(f_best, f_what, np.where(ok, val, inf), i)
             need = 0
             for j in range(s + 1, t + 1):
                 i = j - 1  # block i runs forward keeping nothing but its output
@@ -107,14 +127,15 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
                 val = (
                     fwd_t[j]
                     - fwd_t[s]
-                    + shift(cost[(j, t)], out[j - 1])
-                    + shift(cost[(s, j - 1)], int(perm[t + 1] - perm[j]))
+                    + free_cost[(j, t)]
+                    + shift(keep_cost[(s, j - 1)], int(perm[t + 1] - perm[j]))
                 )
-                val = np.where(m >= need, val, inf)
-                better = val < best
-                best[better], choice[better] = val[better], _LEAF + j
-            cost[(s, t)], what[(s, t)] = best, choice
-    return Table(slot, cost, what)
+                better(k_best, k_what, np.where(m >= need, val, inf), _LEAF + j)
+            keep_cost[(s, t)], keep_what[(s, t)] = k_best, k_what
+            # with its input counted, a sub-chain either drops it early or keeps it throughout
+            better(f_best, f_what, shift(k_best, inp), _KEEP_INPUT)
+            free_cost[(s, t)], free_what[(s, t)] = f_best, f_what
+    return Table(slot, keep_cost, keep_what, free_what, out)
 
 
 def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
@@ -122,24 +143,40 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
     q = lambda b: -(-b // table.slot)  # noqa: E731
     out: list[tuple] = []
 
-    def rec(s: int, t: int, m: int) -> None:
+    def option(s: int, t: int, m: int, c: int) -> None:
+        o = blocks[s].options[c]
+        out.append(("Fe", s, c))
+        if t > s and o.reads_output:
+            keep(s + 1, t, m - q(blocks[s].output) - q(o.kept))
+        elif t > s:
+            free(s + 1, t, m - q(o.kept))
+        out.append(("B", s, c))
+
+    def keep(s: int, t: int, m: int) -> None:
+        """Sub-chain s..t whose input the caller keeps (outside m)."""
         c = int(table.what[(s, t)][m])
         if c < 0:
             raise ValueError("infeasible sub-chain")
         if c >= _LEAF:
             j = c - _LEAF
             out.extend(("F", i) for i in range(s, j))
-            rec(j, t, m - q(blocks[j - 1].output))
+            free(j, t, m)
             perm = sum(q(b.permanent) for b in blocks[j : t + 1])
-            rec(s, j - 1, m - perm)
+            keep(s, j - 1, m - perm)
             return
-        o = blocks[s].options[c]
-        out.append(("Fe", s, c))
-        if t > s:
-            rec(s + 1, t, m - q(blocks[s].output) - q(o.kept))
-        out.append(("B", s, c))
+        option(s, t, m, c)
 
-    rec(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
+    def free(s: int, t: int, m: int) -> None:
+        """Sub-chain s..t whose input is counted in m and may be dropped when unused."""
+        c = int(table.free_what[(s, t)][m])
+        if c == _KEEP_INPUT:
+            keep(s, t, m - (table.out[s - 1] if s > 0 else 0))
+        elif c < 0:
+            raise ValueError("infeasible sub-chain")
+        else:
+            option(s, t, m, c)
+
+    keep(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
     return out
 
 
