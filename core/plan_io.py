@@ -94,7 +94,7 @@ def _plan_from_data(data: Any, name: str) -> Plan:
             notes=[str(n) for n in data.get("notes", [])],
             graph_meta=dict(data["graph_meta"]),
         )
-        plan._saved_prediction = (int(predicted[0]), float(predicted[1]), float(predicted[2]))
+        plan.saved_prediction = (int(predicted[0]), float(predicted[1]), float(predicted[2]))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise PlanFileError(f"{name} is a damaged plan file ({type(e).__name__}: {e})") from None
     return plan

@@ -70,7 +70,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     graph_meta: dict = field(default_factory=dict)  # params, inputs: to retrace and compare
     _sim: Simulation | None = field(default=None, repr=False, compare=False)
-    _saved_prediction: tuple[int, float, float] | None = field(default=None, repr=False)
+    # figures read from a plan file, shown until the plan is attached to its problem
+    saved_prediction: tuple[int, float, float] | None = field(default=None, repr=False)
 
     def attach(self, problem: Problem) -> Plan:
         """Bind a loaded plan to the problem it was made for (same graph fingerprint)."""
@@ -96,21 +97,21 @@ class Plan:
 
     @property
     def predicted_peak(self) -> int:
-        if self.problem is None and self._saved_prediction:
-            return self._saved_prediction[0]
+        if self.problem is None and self.saved_prediction:
+            return self.saved_prediction[0]
         return self.simulate().peak
 
     @property
     def predicted_time(self) -> float:
-        if self.problem is None and self._saved_prediction:
-            return self._saved_prediction[1]
+        if self.problem is None and self.saved_prediction:
+            return self.saved_prediction[1]
         return self.simulate().time
 
     @property
     def overhead(self) -> float:
         """Predicted time over the store-all time: 1.0 means no recomputation."""
-        if self.problem is None and self._saved_prediction:
-            return self._saved_prediction[2]
+        if self.problem is None and self.saved_prediction:
+            return self.saved_prediction[2]
         return self.predicted_time / self.problem.store_all_time
 
     @property

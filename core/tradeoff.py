@@ -59,12 +59,18 @@ def bench_solvers(
     models: tuple[str, ...] = ("gpt-1layer", "gpt-tiny", "gpt-small-6l"),
     fractions: tuple[float, ...] = (0.8, 0.6, 0.5, 0.4, 0.3),
     methods: tuple[str, ...] = ("checkpoint_blocks", "sqrt_n", "rotor", "rockmate"),
+    reference_models: tuple[str, ...] = ("mlp-batch", "gpt-1layer"),
+    reference_seconds: float = 30.0,
 ) -> str:
-    """A printed table: per model, analysis and option time, then each method's overhead at
-    each budget and the median time of a new budget (table read + program + simulation)."""
+    """A printed table: per model, analysis and option time, each method's overhead at each
+    budget and the median time of a new budget (table read + program + simulation); then
+    Rockmate against the whole-graph ILP on graphs small enough for it; then gpt2-small's
+    solver speed (analysed from the meta device: no weights are built)."""
+    import torch
+
     import core
-    from core.solvers import solve
-    from sample_models import build
+    from core.solvers import checkmate, solve
+    from sample_models import REGISTRY, build
 
     lines = []
     for name in models:
@@ -88,12 +94,57 @@ def bench_solvers(
                     cells.append(f"{'-':>8}")
             low = minimum_budget(problem, method) / problem.store_all_peak
             lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
-        times = []
-        low = minimum_budget(problem, "rockmate")
-        for i in range(11):
-            b = low + (problem.store_all_peak - low) * (2 * i + 1) // 23
-            t = time.perf_counter()
-            solve(problem, b, "rockmate")
-            times.append(time.perf_counter() - t)
-        lines.append(f"  rockmate new budget: median {statistics.median(times) * 1e3:.1f} ms")
+        lines.append(f"  rockmate new budget: median {_new_budget_ms(problem):.1f} ms")
+
+    lines.append(
+        f"Rockmate against the whole-graph ILP (restricted Checkmate form, HiGHS, "
+        f"{reference_seconds:.0f} s limit; * = limit hit, best schedule found)"
+    )
+    for name in reference_models:
+        model, inputs = build(name)
+        problem = core.analyze(model, inputs)
+        cells = []
+        for f in (0.8, 0.7, 0.6, 0.5, 0.4):
+            try:
+                ours = solve(problem, f, "rockmate").overhead
+            except InfeasibleBudget:
+                cells.append(f"{f:.0%}: -")
+                continue
+            budget = int(f * problem.store_all_peak)
+            try:
+                ref = checkmate.solve(problem, budget, time_limit=reference_seconds)
+            except InfeasibleBudget:
+                cells.append(f"{f:.0%}: {ours:.3f} vs ILP none")
+                continue
+            star = "*" if ref.notes else ""
+            cells.append(f"{f:.0%}: {ours:.3f} vs {ref.overhead:.3f}{star}")
+        lines.append(f"  {name}: " + ", ".join(cells))
+
+    preset = REGISTRY["gpt2-small"]
+    with torch.device("meta"):
+        model, inputs = preset.make_model(), preset.make_inputs()
+    start = time.perf_counter()
+    problem = core.analyze(model, inputs)
+    analysed = time.perf_counter() - start
+    minimum_budget(problem, "rockmate")
+    prepared = time.perf_counter() - start
+    half = solve(problem, 0.5, "rockmate").overhead
+    lines.append(
+        f"gpt2-small: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s; "
+        f"rockmate at 50%: {half:.3f}; new budget: median {_new_budget_ms(problem):.1f} ms"
+    )
     return "\n".join(lines)
+
+
+def _new_budget_ms(problem: Problem) -> float:
+    """Median milliseconds to solve 11 budgets spread over the feasible range."""
+    from core.solvers import solve
+
+    times = []
+    low = minimum_budget(problem, "rockmate")
+    for i in range(11):
+        b = low + (problem.store_all_peak - low) * (2 * i + 1) // 23
+        t = time.perf_counter()
+        solve(problem, b, "rockmate")
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
