@@ -255,11 +255,11 @@ def tradeoff_figure(
     return {
         "data": traces,
         "layout": {
-            "height": 360,
-            "margin": {"l": 60, "r": 10, "t": 50, "b": 50},
+            "height": 380,
+            "margin": {"l": 60, "r": 10, "t": 10, "b": 120},
             "xaxis": {"title": {"text": "budget (% of store-all peak)"}},
             "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
-            "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+            "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "x": 0},
             "shapes": [budget_shape(budget_pct)],
             "hovermode": "closest",
             "plot_bgcolor": "white",

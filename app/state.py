@@ -10,17 +10,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from core.solvers import available_methods
+from core.tradeoff import minimum_budget
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")
 CHECKMATE_MAX_OPS = 150  # whole-graph Checkmate ILPs stop solving in seconds above this
-TRADEOFF_POINTS = 12
 METHOD_LABELS = {
     "rockmate": "Rockmate (block ILPs + chain DP)",
     "rotor": "Rotor (chain DP)",
@@ -119,72 +118,19 @@ class Studio:
         )
 
     def minimum(self, key: str, method: str) -> int:
-        """Smallest budget (bytes) `method` fits, from its trade-off curve or its error."""
-
-        def make() -> int:
-            problem = self.problem(key)
-            points = self.tradeoff(key, method)
-            if points:
-                return min(p.budget for p in points)
-            return problem.store_all_peak
-
-        return self.derived.get_or_make(("minimum", key, method), make)
+        """Smallest budget (bytes) `method` fits."""
+        return self.derived.get_or_make(
+            ("minimum", key, method), lambda: minimum_budget(self.problem(key), method)
+        )
 
     def tradeoff(self, key: str, method: str) -> list[Point]:
-        """Points (budget, predicted peak, overhead) of `method`: `core.tradeoff` when it
-        exists, else `core.solve` at `TRADEOFF_POINTS` budgets from the smallest feasible."""
-        return self.derived.get_or_make(
-            ("tradeoff", key, method), lambda: self._tradeoff(self.problem(key), method)
-        )
+        """Points (budget, predicted peak, overhead) of `method`, from `core.tradeoff`."""
 
-    def _tradeoff(self, problem, method: str) -> list[Point]:
-        peak = problem.store_all_peak
-        try:
-            from core import tradeoff
-        except ImportError:
-            tradeoff = None
-        if tradeoff is not None:
-            points = [_point(p) for p in tradeoff(problem, method)]
-            if points:
-                return sorted(points, key=lambda p: p.budget)
-        lowest = _smallest_feasible(problem, method)
-        budgets = sorted(
-            {
-                int(lowest + (peak - lowest) * i / (TRADEOFF_POINTS - 1))
-                for i in range(TRADEOFF_POINTS)
-            }
-        )
-        points = []
-        for b in budgets:
-            check_cancelled()
-            try:
-                plan = core.solve(problem, b, method)
-            except core.InfeasibleBudget:
-                continue
-            points.append(Point(b, plan.predicted_peak, plan.overhead))
-        return points
+        def make() -> list[Point]:
+            points = core.tradeoff(self.problem(key), method)
+            return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
 
-
-def _smallest_feasible(problem, method: str) -> int:
-    try:
-        plan = core.solve(problem, 1, method)
-        return plan.predicted_peak
-    except core.InfeasibleBudget as e:
-        if e.minimum and e.minimum > 1:
-            try:
-                core.solve(problem, e.minimum, method)
-                return e.minimum
-            except core.InfeasibleBudget:
-                pass
-    return problem.store_all_peak
-
-
-def _point(p: Any) -> Point:
-    if isinstance(p, dict):
-        return Point(int(p["budget"]), int(p["predicted_peak"]), float(p["overhead"]))
-    if hasattr(p, "budget"):
-        return Point(int(p.budget), int(p.predicted_peak), float(p.overhead))
-    return Point(int(p[0]), int(p[1]), float(p[2]))
+        return self.derived.get_or_make(("tradeoff", key, method), make)
 
 
 # ------------------------------------------------------------------ reading a plan back
