@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -65,7 +66,29 @@ def bench_solvers(
     """A printed table: per model, analysis and option time, each method's overhead at each
     budget and the median time of a new budget (table read + program + simulation); then
     Rockmate against the whole-graph ILP on graphs small enough for it; then gpt2-small's
-    solver speed (analysed from the meta device: no weights are built)."""
+    solver speed (analysed from the meta device: no weights are built). Block options are
+    computed cold: the on-disk and in-memory option caches are off for the benchmark."""
+    from core.solvers import options
+
+    saved_cache = os.environ.get("REMAT_CACHE")
+    os.environ["REMAT_CACHE"] = "off"
+    options.clear_memory_cache()
+    try:
+        return _bench_solvers(models, fractions, methods, reference_models, reference_seconds)
+    finally:
+        if saved_cache is None:
+            os.environ.pop("REMAT_CACHE", None)
+        else:
+            os.environ["REMAT_CACHE"] = saved_cache
+
+
+def _bench_solvers(
+    models: tuple[str, ...],
+    fractions: tuple[float, ...],
+    methods: tuple[str, ...],
+    reference_models: tuple[str, ...],
+    reference_seconds: float,
+) -> str:
     import torch
 
     import core

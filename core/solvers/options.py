@@ -194,6 +194,11 @@ def _to_graph(
     )
 
 
+def clear_memory_cache() -> None:
+    """Forget options computed in this process (benchmarks time them cold)."""
+    _MEMORY.clear()
+
+
 def block_options(problem: Problem, dag: Dag) -> list[_LocalOption]:
     """Options of one block over the budget grid, dominated ones dropped. The run lists are
     cached per block shape (memory, problem, disk); figures are simulated for this block."""
