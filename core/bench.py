@@ -34,8 +34,9 @@ import torch
 from torch import nn
 
 import sample_models
-from core.errors import InfeasibleBudget, fmt_bytes
+from core.errors import fmt_bytes
 from core.memory import StorageTracker, step_tensors
+from core.tradeoff import minimum_budget
 
 QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 FULL_MODELS = ["gpt-tiny", "gpt-small-6l", "resnet18", "vit-tiny", "regnet-tiny", "mlp-tiny"]
@@ -263,38 +264,6 @@ def pytorch_strategies(
                 )
             )
     return out
-
-
-def minimum_budget(problem, method: str) -> int:
-    """The smallest budget `method` finds a plan for (bytes)."""
-    import core
-
-    try:
-        from core.tradeoff import minimum_budget as known
-
-        return int(known(problem, method))
-    except ImportError:
-        pass
-    peak = problem.store_all_peak
-    try:
-        core.solve(problem, 1, method)
-        return 1
-    except InfeasibleBudget as e:
-        low = max(1, int(e.minimum))
-    try:
-        core.solve(problem, low, method)
-        return low
-    except InfeasibleBudget:
-        pass
-    hi = peak  # feasible for every method; binary search the first feasible budget
-    while hi - low > max(1, peak // 1000):
-        mid = (low + hi) // 2
-        try:
-            core.solve(problem, mid, method)
-            hi = mid
-        except InfeasibleBudget:
-            low = mid
-    return hi
 
 
 def our_strategies(
