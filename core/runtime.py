@@ -293,14 +293,18 @@ def _set_rng(t: torch.Tensor | None, state: Any) -> None:
 
 
 def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Replace the state an op writes in place by copies (a recompute must not update it)."""
+    """Keep a recompute from updating model state again: batch-norm's running statistics
+    (optional, unread in training mode) are passed as None, so nothing is allocated; other
+    state an op writes in place is replaced by a copy."""
     from core.trace import aliases_schema_write, undeclared_writes
 
     args = list(args)
     kwargs = dict(kwargs)
-    for pos, name in aliases_schema_write(node.target) + undeclared_writes(node.target, args):
+    for pos, _name in undeclared_writes(node.target, args):
+        args[pos] = None
+    for pos, name in aliases_schema_write(node.target):
         if pos < len(args) and isinstance(args[pos], torch.Tensor):
             args[pos] = args[pos].clone()
         elif isinstance(kwargs.get(name), torch.Tensor):
-            kwargs = {**kwargs, name: kwargs[name].clone()}
+            kwargs[name] = kwargs[name].clone()
     return tuple(args), kwargs

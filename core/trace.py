@@ -393,7 +393,9 @@ _UNDECLARED_WRITES = {
 
 
 def undeclared_writes(target: Any, args: Sequence[Any]) -> list[tuple[int, str]]:
-    """Arguments an op writes although its schema does not say so (batch-norm in training)."""
+    """Arguments an op writes although its schema does not say so: batch-norm's running
+    statistics in training mode, which it updates but does not read (passing None computes
+    the same outputs without updating anything)."""
     training = len(args) > 5 and args[5] is True
     return list(_UNDECLARED_WRITES.get(target, ())) if training else []
 
