@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from core.solvers.checkmate import DEFAULT_SOLVER, Dag, DagOp, simulate_runs, so
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
-_VERSION = 3
+_VERSION = 4
 _MEMORY: dict[str, list[BlockOption]] = {}
 
 
@@ -241,7 +242,15 @@ def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
     dropout masks) just before the backward reads them. Starting from store-all, drop at each
     step the kept value whose recompute adds the least time per byte it frees (recomputing a
     value also recomputes whatever it needs that is no longer kept); every step is an option.
+    Two passes count the bytes differently: what the forward leaves kept, and that plus the
+    backward's own peak above it (Rotor pays for both).
     """
+    return _greedy(dag, full, _kept_bytes) + _greedy(dag, full, _footprint)
+
+
+def _greedy(
+    dag: Dag, full: _LocalOption, measure: Callable[[Dag, _LocalOption], int]
+) -> list[_LocalOption]:
     nf = dag.n_forward
     producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
     # an op that produces a step output (the loss) must not run twice: keep all it produces
@@ -255,7 +264,7 @@ def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
         best: tuple[float, int, _LocalOption] | None = None
         for v in sorted(keep):
             trial = _option(dag, _runs_keeping(dag, frozenset(keep - {v}), producer, pinned))
-            freed = _kept_bytes(dag, current) - _kept_bytes(dag, trial)
+            freed = measure(dag, current) - measure(dag, trial)
             if freed <= 0:
                 continue
             extra = _total_time(trial) - _total_time(current)
@@ -271,6 +280,12 @@ def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
 
 def _kept_bytes(dag: Dag, option: _LocalOption) -> int:
     return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
+
+
+def _footprint(dag: Dag, option: _LocalOption) -> int:
+    """Kept bytes plus the backward's peak above them."""
+    stats = option.stats
+    return _kept_bytes(dag, option) + max(0, stats.backward_peak - stats.backward_start)
 
 
 def _total_time(option: _LocalOption) -> float:
