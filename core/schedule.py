@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from core.errors import PlanMismatch, RematError
 
@@ -26,8 +26,7 @@ class InvalidPlan(RematError):
     """A program that cannot run: an input not live, a double free, a misplaced backward op."""
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One row of the memory timeline: live bytes after the instruction, by kind."""
 
     index: int
@@ -184,10 +183,14 @@ def plan_from_runs(
 def simulate(problem: Problem, program: Sequence[Instruction], backward_start: int) -> Simulation:
     """Walk the program, checking it is valid, and record live bytes after each instruction."""
     graph = problem.graph
-    values, ops = graph.values, graph.ops
+    values, ops, final = graph.values, graph.ops, graph.final_values
+    block_of_op = problem.block_of_op
     live: set[int] = {v.index for v in values if v.is_placeholder and v.kind != "tangent"}
-    by_kind = {"activations": 0, "temporaries": 0, "gradients": 0}
-    kind_of = {"activation": "activations", "temporary": "temporaries", "gradient": "gradients"}
+    # bytes each value adds to (activations, temporaries, gradients)
+    column = {"activation": 0, "temporary": 1, "gradient": 2}
+    slot = [column.get(v.kind, -1) for v in values]
+    size = [v.nbytes for v in values]
+    totals = [0, 0, 0]
     done: set[int] = set()
     next_sticky = iter(o.index for o in ops if o.random or o.state_update)
     expected_sticky = next(next_sticky, None)
@@ -204,8 +207,8 @@ def simulate(problem: Problem, program: Sequence[Instruction], backward_start: i
             op = ops[target]
             if op.phase == "backward" and phase == "forward":
                 raise InvalidPlan(f"step {i}: backward op {op.name} runs in the forward pass")
-            missing = [values[v].name for v in op.inputs if v not in live]
-            if missing:
+            if not live.issuperset(op.inputs):
+                missing = [values[v].name for v in op.inputs if v not in live]
                 raise InvalidPlan(f"step {i}: op {op.name} reads {missing}, which are not live")
             recompute = target in done
             if not recompute and target == expected_sticky:
@@ -222,33 +225,34 @@ def simulate(problem: Problem, program: Sequence[Instruction], backward_start: i
                         f"step {i}: {op.name} recomputes {values[v].name}, still live"
                     )
                 live.add(v)
-                by_kind[kind_of[values[v].kind]] += values[v].nbytes
+                totals[slot[v]] += size[v]
             recomputed += recompute
             done.add(target)
             time += op.time
-            name, label, block = op.name, op.label, problem.block_of_op[target]
+            name, label, block = op.name, op.label, block_of_op[target]
         elif kind == FREE:
-            value = values[target]
-            if target not in live or value.is_placeholder:
-                raise InvalidPlan(f"step {i}: frees {value.name}, which is not a live activation")
-            if target in graph.final_values:
-                raise InvalidPlan(f"step {i}: frees {value.name}, an output of the step")
+            if target not in live or slot[target] < 0:
+                raise InvalidPlan(
+                    f"step {i}: frees {values[target].name}, which is not a live activation"
+                )
+            if target in final:
+                raise InvalidPlan(f"step {i}: frees {values[target].name}, an output of the step")
             live.discard(target)
-            by_kind[kind_of[value.kind]] -= value.nbytes
+            totals[slot[target]] -= size[target]
             recompute = False
-            name, label = value.name, value.kind
-            block = problem.block_of_op[value.producer]
+            value = values[target]
+            name, label, block = value.name, value.kind, block_of_op[value.producer]
         else:
             raise InvalidPlan(f"step {i}: unknown instruction {kind!r}")
-        step = Step(i, kind, target, name, label, phase, block, recompute, **by_kind)
-        if step.live > peak:
-            peak, peak_step = step.live, i
-        timeline.append(step)
+        timeline.append(Step(i, kind, target, name, label, phase, block, recompute, *totals))
+        total = totals[0] + totals[1] + totals[2]
+        if total > peak:
+            peak, peak_step = total, i
 
     never = [ops[o].name for o in range(len(ops)) if o not in done]
     if never:
         raise InvalidPlan(f"ops never run: {never[:5]}{'...' if len(never) > 5 else ''}")
-    missing_final = [values[v].name for v in graph.final_values if v not in live]
+    missing_final = [values[v].name for v in final if v not in live]
     if missing_final:
         raise InvalidPlan(f"outputs or gradients freed before the end: {missing_final[:5]}")
     return Simulation(timeline, peak, peak_step, time, recomputed)
