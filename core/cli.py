@@ -44,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plan", help="solve for a budget and write a plan file")
     model_args(s)
     s.add_argument("--budget", required=True, help="bytes ('2GB', '512MiB') or '50%%'")
-    s.add_argument("--method", default=None, help="solver (default: rockmate when available)")
+    s.add_argument(
+        "--method",
+        default="rockmate",
+        help="rockmate (default), rotor, checkmate, checkpoint_blocks, sqrt_n, store_all",
+    )
     s.add_argument("-o", "--output", default="plan.pkl")
     s.set_defaults(run=_plan)
 
@@ -126,10 +130,9 @@ def _inspect(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     import core
-    from core.solvers import available_methods
 
-    _, problem, seconds = _analyze(args)
-    method = args.method or ("rockmate" if "rockmate" in available_methods() else "sqrt_n")
+    _, problem, _ = _analyze(args)
+    method = args.method
     plan = core.solve(problem, args.budget, method=method)
     plan.save(args.output)
     for note in plan.notes:
