@@ -103,3 +103,15 @@ def test_rockmate_cuts_gpt_memory_cheaply():
     plan = core.solve(problem, 0.6, "rockmate")
     assert plan.overhead < 1.25
     assert minimum_budget(problem, "rockmate") < 0.4 * problem.store_all_peak
+
+
+def test_whole_graph_ilp_reports_a_real_minimum():
+    """Below what the whole-graph ILP can schedule, InfeasibleBudget carries the smallest
+    budget it did schedule (found by bisection), and that budget then solves."""
+    model, inputs = build("mlp-batch")
+    problem = core.analyze(model, inputs)
+    with pytest.raises(core.InfeasibleBudget) as err:
+        core.solve(problem, 0.3, method="checkmate")
+    minimum = err.value.minimum
+    assert 0.3 * problem.store_all_peak < minimum < problem.store_all_peak
+    assert core.solve(problem, minimum, method="checkmate").predicted_peak <= minimum

@@ -289,13 +289,43 @@ def solve(
     time_limit: float = 30.0,
 ) -> Plan:
     """The whole-graph ILP: the reference optimum for small models (within its time limit)."""
+    plan = _whole_graph(problem, budget, solver, time_limit)
+    if plan is None:
+        raise InfeasibleBudget(budget, minimum_budget(problem, solver), "checkmate")
+    return plan
+
+
+def minimum_budget(
+    problem: Problem, solver: str = DEFAULT_SOLVER, probe_seconds: float = 2.0
+) -> int:
+    """The smallest budget asked at which the ILP finds a schedule, to 1% of the store-all
+    peak: bisection with `probe_seconds` per try (at most 8 tries), cached on the problem."""
+    key = ("checkmate-minimum", solver)
+    if key not in problem.cache:
+        peak = problem.store_all_peak
+        low, high = 0, peak  # high: store-all always fits
+        for _ in range(8):
+            if high - low <= peak // 100:
+                break
+            mid = (low + high) // 2
+            if _whole_graph(problem, mid, solver, probe_seconds) is None:
+                low = mid
+            else:
+                high = mid  # the budget asked, which the ILP can meet again
+        problem.cache[key] = high
+    return problem.cache[key]
+
+
+def _whole_graph(problem: Problem, budget: int, solver: str, time_limit: float) -> Plan | None:
+    """A plan within `budget` from the whole-graph ILP, tightening the ILP's budget when the
+    simulator finds its conservative rows still too loose; None when it finds nothing."""
     dag = graph_dag(problem)
     n_fwd = dag.n_forward
     target = budget
     for _ in range(8):
         result = solve_ilp(dag, target, solver, time_limit)
         if result is None:
-            break
+            return None
         runs = [dag.order[i] for i in result.runs]
         plan = plan_from_runs(problem, runs, n_fwd, "checkmate", budget)
         if not result.optimal:
@@ -303,4 +333,4 @@ def solve(
         if plan.predicted_peak <= budget:
             return plan
         target -= plan.predicted_peak - budget
-    raise InfeasibleBudget(budget, problem.store_all_peak, "checkmate")
+    return None
