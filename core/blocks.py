@@ -30,10 +30,6 @@ class Block:
     forward_time: float
     backward_time: float
 
-    @property
-    def op_count(self) -> int:
-        return len(self.forward_ops) + len(self.backward_ops)
-
 
 def find_blocks(graph: Graph) -> tuple[list[Block], list[int]]:
     """The chain of blocks and, for every op, the block it belongs to."""
