@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,25 @@ class Call:
     def __call__(self, env: dict[int, Any]) -> Any:
         kwargs = resolve(self.kwargs, env) if self.kwargs_have_refs else self.kwargs
         return self.target(*self.args(env), **kwargs)
+
+    def fast(self) -> Callable[[dict[int, Any]], Any]:
+        """The call as one closure, specialised for the common shapes (every positional
+        argument a reference, no keyword arguments): the runtime's innermost loop."""
+        fn, template = self.target, self.template
+        if self.nested or self.kwargs_have_refs or self.kwargs:
+            return self
+        if len(self.refs) == len(template):
+            index = [n for _, n in self.refs]
+            if len(index) == 1:
+                (a,) = index
+                return lambda env: fn(env[a])
+            if len(index) == 2:
+                a, b = index
+                return lambda env: fn(env[a], env[b])
+            if len(index) == 3:
+                a, b, c = index
+                return lambda env: fn(env[a], env[b], env[c])
+        return self
 
 
 def compile_node(node: AtenNode) -> Call:

@@ -71,7 +71,7 @@ class _Program:
                 elif recompute and writes_state:
                     mode = _SKIP if not op.outputs else _COPY_STATE
                 if mode != _SKIP:
-                    items.append((calls[n], mode, node.random))
+                    items.append((calls[n], calls[n].fast(), mode, node.random))
             drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
             compiled.append(_Instr(tuple(items), drop))
         if plan.backward_start >= len(plan.program):
@@ -84,9 +84,9 @@ class _Program:
     def run(self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any]) -> None:
         pop = env.pop
         for ins in instrs:
-            for call, mode, random in ins.calls:
+            for call, fast, mode, random in ins.calls:
                 if mode == _NORMAL and not random:
-                    env[call.index] = call(env)
+                    env[call.index] = fast(env)
                 elif mode == _NORMAL:
                     rng[call.index] = _get_rng(_tensor_in(call.args(env)))
                     env[call.index] = call(env)
