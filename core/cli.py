@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("path")
     s.set_defaults(run=_show)
 
-    s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)")
+    s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)", add_help=False)
     s.add_argument("--runtime", action="store_true", help="runtime overhead of store_all vs eager")
     s.add_argument("--solvers", action="store_true", help="solver quality and speed")
     s.add_argument("--app", action="store_true", help="app slider latency in a browser")
@@ -166,6 +166,11 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if "-h" in rest or "--help" in rest:
+        print(
+            "remat bench --runtime | --solvers | --app: runtime overhead, solver quality and "
+            "speed, app latency.\nWithout those, the side-by-side benchmark:\n"
+        )
     if args.runtime:
         from core.overhead import main as runtime_main
 
