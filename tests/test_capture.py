@@ -61,9 +61,18 @@ def test_resnet_has_one_block_per_residual_block():
 def test_every_op_belongs_to_a_block_and_backward_follows_forward():
     model, inputs = fresh("gpt-tiny")
     problem = core.analyze(model, inputs)
-    assert all(b >= 0 for b in problem.block_of_op)
+    graph = problem.graph
+    assert all(0 <= b < len(problem.blocks) for b in problem.block_of_op)
     for block in problem.blocks:
         assert block.forward_ops, "a block always has forward ops"
+    # blocks partition the ops, and a backward op reads no activation of a later block
+    listed = sorted(o for b in problem.blocks for o in b.forward_ops + b.backward_ops)
+    assert listed == list(range(len(graph.ops)))
+    for o in graph.backward_ops:
+        for v in graph.ops[o].inputs:
+            producer = graph.values[v].producer
+            if producer is not None and graph.ops[producer].phase == "forward":
+                assert problem.block_of_op[producer] <= problem.block_of_op[o] + 1
 
 
 class _Tangle(nn.Module):
