@@ -115,3 +115,28 @@ def test_whole_graph_ilp_reports_a_real_minimum():
     minimum = err.value.minimum
     assert 0.3 * problem.store_all_peak < minimum < problem.store_all_peak
     assert core.solve(problem, minimum, method="checkmate").predicted_peak <= minimum
+
+
+def test_transient_values_are_recomputed_per_reader_and_freed_between():
+    """A dropped value read by two backward ops: held between them by default, recomputed
+    for each reader when transient, which lowers the peak while a big temporary is live."""
+    from core.solvers.checkmate import Dag, DagOp
+    from core.solvers.options import _option, _runs_keeping
+
+    ops = [
+        DagOp((0,), (1,), 1.0, False),  # a = f(x), 100 bytes
+        DagOp((1,), (2,), 1.0, False),  # the loss
+        DagOp((1,), (3,), 1.0, True),  # first reader of a
+        DagOp((3,), (4,), 1.0, True),  # a 1000-byte temporary
+        DagOp((4,), (6,), 1.0, True),
+        DagOp((1, 6), (5,), 1.0, True),  # second reader of a
+    ]
+    dag = Dag(ops, {1: 100, 2: 1, 3: 1, 4: 1000, 5: 1, 6: 1}, final=frozenset({5}))
+    producer = {1: 0, 2: 1}
+    held = _runs_keeping(dag, frozenset(), producer, frozenset())
+    transient = _runs_keeping(dag, frozenset(), producer, frozenset(), frozenset({1}))
+    assert held == [0, 1, 0, 2, 3, 4, 5]
+    assert transient == [0, 1, 0, 2, 3, 4, 0, 5]
+    a, b = _option(dag, held).stats, _option(dag, transient).stats
+    assert b.backward_peak == a.backward_peak - 100
+    assert b.backward_time == a.backward_time + 1.0

@@ -8,10 +8,11 @@ or a final value (parameter gradients), stays live to the end of the step (`perm
 chain model counts it from its stage on, which is exact for final values and safe otherwise.
 
 An option of block j is a pair of run lists over the block's ops: its forward (all forward ops,
-in order) and its backward (the stage's ops with the recomputes the block ILP chose). Each is
-simulated with `simulate_runs` under the same free-after-last-read rule as `plan_from_runs`,
-so its figures are exact for the block; options are cached per block shape (which covers the
-cost model: op times are part of it) in `problem.cache` and on disk.
+in order) and its backward (the stage's ops with the recomputes the block ILP or the keep-set
+search chose). Each is simulated with `simulate_runs` under the same free-after-last-read
+rule as `plan_from_runs`, so its figures are exact for the block; options are cached per
+block shape (which covers the cost model: op times are part of it) in `problem.cache` and
+on disk.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from core.solvers.checkmate import DEFAULT_SOLVER, Dag, DagOp, simulate_runs, so
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
-_VERSION = 4
+_VERSION = 5
 _MEMORY: dict[str, list[BlockOption]] = {}
 
 
@@ -235,57 +236,95 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
 
 
 def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
-    """Options from keep sets, found greedily and simulated exactly.
+    """Options from keep sets, found by a greedy beam search and simulated exactly.
 
     The ILP's stage memory rows are conservative, so it misses the options that matter most
     in attention: keep the matmul outputs, recompute the big pointwise results (softmax,
-    dropout masks) just before the backward reads them. Starting from store-all, drop at each
-    step the kept value whose recompute adds the least time per byte it frees (recomputing a
-    value also recomputes whatever it needs that is no longer kept); every step is an option.
-    Two passes count the bytes differently: what the forward leaves kept, and that plus the
-    backward's own peak above it (Rotor pays for both).
+    dropout masks) just before the backward reads them. Starting from store-all, each step
+    applies one more move to the states of the beam (see `_Search.moves`) and keeps, for each
+    of several ways to count bytes, the children that add the least time per byte they free;
+    every state the beam holds is an option.
     """
-    return _greedy(dag, full, _kept_bytes) + _greedy(dag, full, _footprint)
-
-
-def _greedy(
-    dag: Dag, full: _LocalOption, measure: Callable[[Dag, _LocalOption], int]
-) -> list[_LocalOption]:
     nf = dag.n_forward
     producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
     # an op that produces a step output (the loss) must not run twice: keep all it produces
-    pinned = {v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs}
-    keep = {
+    pinned = frozenset(v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs)
+    keep = frozenset(
         v for v in full.stats.kept if v in producer and dag.sizes.get(v, 0) > 0 and v not in pinned
-    }
-    current = full
-    found = []
-    while keep:
-        best: tuple[float, int, _LocalOption] | None = None
-        for v in sorted(keep):
-            trial = _option(dag, _runs_keeping(dag, frozenset(keep - {v}), producer, pinned))
-            freed = measure(dag, current) - measure(dag, trial)
-            if freed <= 0:
-                continue
-            extra = _total_time(trial) - _total_time(current)
-            if best is None or extra / freed < best[0]:
-                best = (extra / freed, v, trial)
-        if best is None:
-            break
-        keep.discard(best[1])
-        current = best[2]
-        found.append(current)
-    return found
+    )
+    return _Search(dag, producer, pinned).run((keep, frozenset(), full))
+
+
+# Bytes are counted as what the forward keeps plus this fraction of the backward's peak
+# above it: 0 finds the least kept, 1 the least footprint; between, a move may raise the
+# backward's peak by less than it lowers what is kept (keep gelu's output, recompute its
+# input), which can let later moves lower what is kept for free. Rotor pays for both, in
+# proportions that depend on the rest of the chain.
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BEAM = 8  # states each weight's beam keeps per step
+
+_State = tuple[frozenset[int], frozenset[int], _LocalOption]  # kept, transient, option
+
+
+@dataclass
+class _Search:
+    dag: Dag
+    producer: dict[int, int]
+    pinned: frozenset[int]
+
+    def moves(self, state: _State) -> list[tuple[frozenset[int], frozenset[int]]]:
+        """Drop a kept value (recomputed when the backward first needs it, then held until
+        its last read), or make a recomputed value transient (recomputed for each backward
+        op that reads it, freed in between)."""
+        dag, nf = self.dag, self.dag.n_forward
+        keep, transient, current = state
+        recomputed = {v for i in current.runs[nf:] if i < nf for v in dag.ops[i].outputs}
+        out = [(keep - {v}, transient) for v in sorted(keep)]
+        out += [
+            (keep, transient | {v})
+            for v in sorted(recomputed - transient - keep)
+            if dag.sizes.get(v, 0) > 0
+        ]
+        return out
+
+    def run(self, start: _State) -> list[_LocalOption]:
+        """One beam per weight; every state a beam holds is an option."""
+        return [option for weight in WEIGHTS for *_, option in self.beam(start, weight)]
+
+    def beam(self, start: _State, weight: float) -> list[_State]:
+        dag, measure = self.dag, _weighted(weight)
+        beam, found = [start], []
+        while beam:
+            children: dict[tuple, tuple[float, _State]] = {}
+            for parent in beam:
+                before = (_total_time(parent[2]), measure(dag, parent[2]))
+                for k, t in self.moves(parent):
+                    option = _option(dag, _runs_keeping(dag, k, self.producer, self.pinned, t))
+                    freed = before[1] - measure(dag, option)
+                    if freed > 0:
+                        ratio = (_total_time(option) - before[0]) / freed
+                        if ratio < children.get((k, t), (float("inf"),))[0]:
+                            children[(k, t)] = (ratio, (k, t, option))
+            ranked = sorted(children.values(), key=lambda c: c[0])
+            beam = [state for _, state in ranked[:BEAM]]
+            found += beam
+        return found
 
 
 def _kept_bytes(dag: Dag, option: _LocalOption) -> int:
     return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
 
 
-def _footprint(dag: Dag, option: _LocalOption) -> int:
-    """Kept bytes plus the backward's peak above them."""
-    stats = option.stats
-    return _kept_bytes(dag, option) + max(0, stats.backward_peak - stats.backward_start)
+def _weighted(weight: float) -> Callable[[Dag, _LocalOption], float]:
+    """Kept bytes plus `weight` times the backward's peak above them."""
+
+    def measure(dag: Dag, option: _LocalOption) -> float:
+        stats = option.stats
+        return _kept_bytes(dag, option) + weight * max(
+            0, stats.backward_peak - stats.backward_start
+        )
+
+    return measure
 
 
 def _total_time(option: _LocalOption) -> float:
@@ -293,26 +332,34 @@ def _total_time(option: _LocalOption) -> float:
 
 
 def _runs_keeping(
-    dag: Dag, keep: frozenset[int], producer: dict[int, int], pinned: set[int]
+    dag: Dag,
+    keep: frozenset[int],
+    producer: dict[int, int],
+    pinned: frozenset[int],
+    transient: frozenset[int] = frozenset(),
 ) -> list[int]:
     """Forward once; in the backward, recompute each dropped forward value just before a
-    backward op reads it (recursively from what is available)."""
+    backward op reads it (recursively from what is available). A recomputed value stays
+    available for later backward ops, unless it is `transient`: then only for this one."""
     nf = dag.n_forward
     runs = list(range(nf))
     available = set(keep) | dag.held | pinned
+    scratch: set[int] = set()
 
     def ensure(v: int) -> None:
-        if v in available or v not in producer:
+        if v in available or v in scratch or v not in producer:
             return
         op = dag.ops[producer[v]]
         for u in op.inputs:
             ensure(u)
         runs.append(producer[v])
-        available.update(op.outputs)
+        for u in op.outputs:
+            (scratch if u in transient else available).add(u)
 
     for i in range(nf, len(dag.ops)):
         for v in dag.ops[i].inputs:
             ensure(v)
+        scratch.clear()
         runs.append(i)
         available.update(dag.ops[i].outputs)
     return runs
