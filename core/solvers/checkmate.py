@@ -77,6 +77,7 @@ class IlpResult:
     objective: float  # recompute time
     optimal: bool
     status: str = field(default="")
+    bound: float | None = None  # HiGHS's lower bound on the objective (None from CBC)
 
 
 def simulate_runs(dag: Dag, runs: list[int], n_forward: int) -> RunStats:
@@ -249,12 +250,14 @@ def solve_ilp(
     status = _run(prob, solver, time_limit)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
+    bound = prob.solverModel.getInfo().mip_dual_bound if solver == "highs" else None
     runs = list(fwd)
     for k, b in enumerate(bwd):
         runs.extend(f for f in sorted(cand[k]) if R[(k, f)].value() > 0.5)
         runs.append(b)
     objective = sum(ops[f].time for (k, f), r in R.items() if r.value() > 0.5)
-    return IlpResult(runs, objective, prob.sol_status == pulp.LpSolutionOptimal, status)
+    optimal = prob.sol_status == pulp.LpSolutionOptimal
+    return IlpResult(runs, objective, optimal, status, objective if optimal else bound)
 
 
 def _run(prob: pulp.LpProblem, solver: str, time_limit: float) -> str:
@@ -289,10 +292,22 @@ def solve(
     time_limit: float = 30.0,
 ) -> Plan:
     """The whole-graph ILP: the reference optimum for small models (within its time limit)."""
-    plan = _whole_graph(problem, budget, solver, time_limit)
-    if plan is None:
+    return solve_with_bound(problem, budget, solver, time_limit)[0]
+
+
+def solve_with_bound(
+    problem: Problem,
+    budget: int,
+    solver: str = DEFAULT_SOLVER,
+    time_limit: float = 30.0,
+) -> tuple[Plan, float | None]:
+    """The whole-graph ILP's plan and a lower bound on the overhead of any schedule this ILP
+    admits at `budget` (its optimum when solved, HiGHS's bound when time ran out; None when
+    unknown: CBC, or a tightened budget whose bound does not hold at `budget`)."""
+    found = _whole_graph(problem, budget, solver, time_limit)
+    if found is None:
         raise InfeasibleBudget(budget, minimum_budget(problem, solver), "checkmate")
-    return plan
+    return found
 
 
 def minimum_budget(
@@ -316,9 +331,12 @@ def minimum_budget(
     return problem.cache[key]
 
 
-def _whole_graph(problem: Problem, budget: int, solver: str, time_limit: float) -> Plan | None:
+def _whole_graph(
+    problem: Problem, budget: int, solver: str, time_limit: float
+) -> tuple[Plan, float | None] | None:
     """A plan within `budget` from the whole-graph ILP, tightening the ILP's budget when the
-    simulator finds its conservative rows still too loose; None when it finds nothing."""
+    simulator finds its conservative rows still too loose, with the overhead bound (see
+    `solve_with_bound`); None when it finds nothing."""
     dag = graph_dag(problem)
     n_fwd = dag.n_forward
     target = budget
@@ -328,9 +346,14 @@ def _whole_graph(problem: Problem, budget: int, solver: str, time_limit: float) 
             return None
         runs = [dag.order[i] for i in result.runs]
         plan = plan_from_runs(problem, runs, n_fwd, "checkmate", budget)
+        bound = None
+        if result.bound is not None and target == budget:
+            bound = 1 + result.bound / problem.store_all_time
         if not result.optimal:
             plan.notes.append(f"the ILP hit its {time_limit:.0f} s limit: best schedule found")
+            if bound is not None:
+                plan.notes.append(f"the ILP's lower bound at this budget: overhead {bound:.3f}")
         if plan.predicted_peak <= budget:
-            return plan
+            return plan, bound
         target -= plan.predicted_peak - budget
     return None
