@@ -141,7 +141,7 @@ def _bench_solvers(
         model, inputs = build(name)
         problem = core.analyze(model, inputs)
         cells = []
-        for f in (0.8, 0.7, 0.6, 0.5, 0.4):
+        for f in (0.8, 0.7, 0.6, 0.55, 0.5, 0.4):
             try:
                 ours = solve(problem, f, "rockmate").overhead
             except InfeasibleBudget:

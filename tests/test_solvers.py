@@ -121,7 +121,7 @@ def test_transient_values_are_recomputed_per_reader_and_freed_between():
     """A dropped value read by two backward ops: held between them by default, recomputed
     for each reader when transient, which lowers the peak while a big temporary is live."""
     from core.solvers.checkmate import Dag, DagOp
-    from core.solvers.options import _option, _runs_keeping
+    from core.solvers.options import _option, _Recompute
 
     ops = [
         DagOp((0,), (1,), 1.0, False),  # a = f(x), 100 bytes
@@ -132,11 +132,26 @@ def test_transient_values_are_recomputed_per_reader_and_freed_between():
         DagOp((1, 6), (5,), 1.0, True),  # second reader of a
     ]
     dag = Dag(ops, {1: 100, 2: 1, 3: 1, 4: 1000, 5: 1, 6: 1}, final=frozenset({5}))
-    producer = {1: 0, 2: 1}
-    held = _runs_keeping(dag, frozenset(), producer, frozenset())
-    transient = _runs_keeping(dag, frozenset(), producer, frozenset(), frozenset({1}))
+    recompute = _Recompute(dag, {1: 0, 2: 1}, frozenset())
+    held = recompute.runs(frozenset())
+    transient = recompute.runs(frozenset(), frozenset({1}))
     assert held == [0, 1, 0, 2, 3, 4, 5]
     assert transient == [0, 1, 0, 2, 3, 4, 0, 5]
     a, b = _option(dag, held).stats, _option(dag, transient).stats
     assert b.backward_peak == a.backward_peak - 100
     assert b.backward_time == a.backward_time + 1.0
+    # kept and transient: read from the forward's copy once, then recomputed
+    assert recompute.runs(frozenset({1}), frozenset({1})) == [0, 1, 2, 3, 4, 0, 5]
+
+
+def test_whole_graph_ilp_bound_is_below_its_plan():
+    """HiGHS's bound on the overhead: equal to the plan's when solved, never above it."""
+    from core.solvers.checkmate import solve_with_bound
+
+    _, _, problem, _ = _setup("gpt-1layer")
+    plan, bound = solve_with_bound(problem, int(0.8 * problem.store_all_peak), time_limit=3)
+    assert bound is not None
+    if plan.notes:  # time ran out: an incumbent and a bound
+        assert 1.0 <= bound <= plan.overhead
+    else:
+        assert bound == pytest.approx(plan.overhead)

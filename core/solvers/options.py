@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.problem import Problem
@@ -252,7 +252,7 @@ def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
     keep = frozenset(
         v for v in full.stats.kept if v in producer and dag.sizes.get(v, 0) > 0 and v not in pinned
     )
-    return _Search(dag, producer, pinned).run((keep, frozenset(), full))
+    return _Search(_Recompute(dag, producer, pinned)).run((keep, frozenset(), full))
 
 
 # Bytes are counted as what the forward keeps plus this fraction of the backward's peak
@@ -268,21 +268,26 @@ _State = tuple[frozenset[int], frozenset[int], _LocalOption]  # kept, transient,
 
 @dataclass
 class _Search:
-    dag: Dag
-    producer: dict[int, int]
-    pinned: frozenset[int]
+    recompute: _Recompute
+    seen: dict[tuple, _LocalOption] = field(default_factory=dict)  # (kept, transient) -> option
+
+    def option(self, keep: frozenset[int], transient: frozenset[int]) -> _LocalOption:
+        if (keep, transient) not in self.seen:
+            runs = self.recompute.runs(keep, transient)
+            self.seen[(keep, transient)] = _option(self.recompute.dag, runs)
+        return self.seen[(keep, transient)]
 
     def moves(self, state: _State) -> list[tuple[frozenset[int], frozenset[int]]]:
         """Drop a kept value (recomputed when the backward first needs it, then held until
-        its last read), or make a recomputed value transient (recomputed for each backward
-        op that reads it, freed in between)."""
-        dag, nf = self.dag, self.dag.n_forward
+        its last read), or make a kept or recomputed value transient (recomputed for each
+        backward op that reads it, freed in between)."""
+        dag, nf = self.recompute.dag, self.recompute.dag.n_forward
         keep, transient, current = state
         recomputed = {v for i in current.runs[nf:] if i < nf for v in dag.ops[i].outputs}
         out = [(keep - {v}, transient) for v in sorted(keep)]
         out += [
             (keep, transient | {v})
-            for v in sorted(recomputed - transient - keep)
+            for v in sorted((recomputed | keep) - transient)
             if dag.sizes.get(v, 0) > 0
         ]
         return out
@@ -292,14 +297,14 @@ class _Search:
         return [option for weight in WEIGHTS for *_, option in self.beam(start, weight)]
 
     def beam(self, start: _State, weight: float) -> list[_State]:
-        dag, measure = self.dag, _weighted(weight)
+        dag, measure = self.recompute.dag, _weighted(weight)
         beam, found = [start], []
         while beam:
             children: dict[tuple, tuple[float, _State]] = {}
             for parent in beam:
                 before = (_total_time(parent[2]), measure(dag, parent[2]))
                 for k, t in self.moves(parent):
-                    option = _option(dag, _runs_keeping(dag, k, self.producer, self.pinned, t))
+                    option = self.option(k, t)
                     freed = before[1] - measure(dag, option)
                     if freed > 0:
                         ratio = (_total_time(option) - before[0]) / freed
@@ -331,38 +336,78 @@ def _total_time(option: _LocalOption) -> float:
     return option.stats.forward_time + option.stats.backward_time
 
 
-def _runs_keeping(
-    dag: Dag,
-    keep: frozenset[int],
-    producer: dict[int, int],
-    pinned: frozenset[int],
-    transient: frozenset[int] = frozenset(),
-) -> list[int]:
-    """Forward once; in the backward, recompute each dropped forward value just before a
-    backward op reads it (recursively from what is available). A recomputed value stays
-    available for later backward ops, unless it is `transient`: then only for this one."""
-    nf = dag.n_forward
-    runs = list(range(nf))
-    available = set(keep) | dag.held | pinned
-    scratch: set[int] = set()
+@dataclass
+class _Recompute:
+    """Run lists for keep sets: the forward once, then each backward op with the recomputes
+    it needs just before it (recursively from what is available).
 
-    def ensure(v: int) -> None:
-        if v in available or v in scratch or v not in producer:
-            return
-        op = dag.ops[producer[v]]
-        for u in op.inputs:
-            ensure(u)
-        runs.append(producer[v])
-        for u in op.outputs:
-            (scratch if u in transient else available).add(u)
+    A dropped value, once recomputed, stays available for later backward ops, unless it is
+    transient: then it is recomputed for each backward op that reads it (a kept transient
+    value is used from the forward once, then recomputed too). A recomputed value that the
+    backward does not read itself is only held for the dropped values computed from it (QKV's
+    output for q, k and v): when those are no bigger and can be computed now, they are, so it
+    can go at once instead of when the last of them is needed.
+    """
 
-    for i in range(nf, len(dag.ops)):
-        for v in dag.ops[i].inputs:
-            ensure(v)
-        scratch.clear()
-        runs.append(i)
-        available.update(dag.ops[i].outputs)
-    return runs
+    dag: Dag
+    producer: dict[int, int]  # forward value -> position of its op
+    pinned: frozenset[int]  # values that must not be recomputed
+
+    def __post_init__(self) -> None:
+        dag, nf = self.dag, self.dag.n_forward
+        self.readers: dict[int, list[int]] = {}  # value -> forward values computed from it
+        for v, f in self.producer.items():
+            for u in dag.ops[f].inputs:
+                self.readers.setdefault(u, []).append(v)
+        self.later: list[frozenset[int]] = [frozenset()] * (len(dag.ops) + 1)
+        for i in range(len(dag.ops) - 1, nf - 1, -1):  # forward values ops i.. read
+            self.later[i] = self.later[i + 1] | {v for v in dag.ops[i].inputs if v in self.producer}
+
+    def runs(self, keep: frozenset[int], transient: frozenset[int] = frozenset()) -> list[int]:
+        dag, producer, sizes = self.dag, self.producer, self.dag.sizes
+        nf = dag.n_forward
+        runs = list(range(nf))
+        available = set(keep) | dag.held | self.pinned
+        scratch: set[int] = set()  # transient values, available to this backward op only
+        pending: set[int] = set()  # values whose inputs are being recomputed
+
+        def ready(v: int) -> bool:
+            return all(u in available or u not in producer for u in dag.ops[producer[v]].inputs)
+
+        def ensure(v: int, later: frozenset[int]) -> None:
+            if v in available or v in scratch or v in pending or v not in producer:
+                return
+            op = dag.ops[producer[v]]
+            pending.update(op.outputs)
+            for u in op.inputs:
+                ensure(u, later)
+            pending.difference_update(op.outputs)
+            runs.append(producer[v])
+            for u in op.outputs:
+                (scratch if u in transient else available).add(u)
+            for u in op.outputs:
+                if u not in available or u in later:
+                    continue
+                kids = [
+                    w
+                    for w in self.readers.get(u, ())
+                    if w not in available and w not in pending and w in later
+                ]
+                if kids and all(map(ready, kids)):
+                    if sum(sizes.get(w, 0) for w in kids) <= sizes.get(u, 0):
+                        for w in kids:
+                            ensure(w, later)
+
+        for i in range(nf, len(dag.ops)):
+            start = len(runs)
+            for v in dag.ops[i].inputs:
+                ensure(v, self.later[i + 1])
+            scratch.clear()
+            runs.append(i)
+            read = {u for r in runs[start:] for u in dag.ops[r].inputs}
+            available -= transient & read  # kept transient values: recomputed next time
+            available.update(dag.ops[i].outputs)
+        return runs
 
 
 def _pareto(dag: Dag, options: list[_LocalOption]) -> list[_LocalOption]:
