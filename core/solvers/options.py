@@ -29,7 +29,7 @@ from core.solvers.checkmate import DEFAULT_SOLVER, Dag, DagOp, simulate_runs, so
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
-_VERSION = 5
+_VERSION = 6
 _MEMORY: dict[str, list[BlockOption]] = {}
 
 
