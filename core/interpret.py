@@ -50,28 +50,58 @@ class Call:
         kwargs = resolve(self.kwargs, env) if self.kwargs_have_refs else self.kwargs
         return self.target(*self.args(env), **kwargs)
 
+    def fast(self) -> Callable[[dict[int, Any]], Any]:
+        """The call as one closure, specialised for the common shapes (every positional
+        argument a reference, no keyword arguments): the runtime's innermost loop."""
+        fn, template = self.target, self.template
+        if self.nested or self.kwargs_have_refs or self.kwargs:
+            return self
+        if len(self.refs) == len(template):
+            index = [n for _, n in self.refs]
+            if len(index) == 1:
+                (a,) = index
+                return lambda env: fn(env[a])
+            if len(index) == 2:
+                a, b = index
+                return lambda env: fn(env[a], env[b])
+            if len(index) == 3:
+                a, b, c = index
+                return lambda env: fn(env[a], env[b], env[c])
+        return self
 
-def compile_node(node: AtenNode) -> Call:
+
+def compile_node(node: AtenNode, target: Callable[..., Any] | None = None) -> Call:
+    """The node's call; `target` replaces its OpOverload (see `binding`)."""
     refs, nested = [], []
     for pos, a in enumerate(node.args):
         if isinstance(a, Ref):
             refs.append((pos, a.index))
-        elif has_ref(a):
+        elif _has_ref(a):
             nested.append((pos, a))
     return Call(
         node.index,
-        fast_callable(node.target),
+        target or fast_callable(node.target),
         tuple(node.args),
         tuple(refs),
         tuple(nested),
         dict(node.kwargs),
-        has_ref(node.kwargs),
+        _has_ref(node.kwargs),
     )
 
 
 def run_node(node: AtenNode, env: dict[int, Any]) -> Any:
     """Call one ATen node with its arguments taken from `env`; returns its result."""
     return compile_node(node)(env)
+
+
+def _has_ref(arg: Any) -> bool:
+    if isinstance(arg, Ref):
+        return True
+    if isinstance(arg, (tuple, list)):
+        return any(_has_ref(a) for a in arg)
+    if isinstance(arg, dict):
+        return any(_has_ref(a) for a in arg.values())
+    return False
 
 
 def binding(node: AtenNode, nodes: Sequence[AtenNode], known: dict) -> Callable[..., Any]:
@@ -98,17 +128,6 @@ def binding(node: AtenNode, nodes: Sequence[AtenNode], known: dict) -> Callable[
                 known[key] = fn
                 break
     return known[key]
-
-
-def has_ref(arg: Any) -> bool:
-    """Whether an argument structure holds a Ref."""
-    if isinstance(arg, Ref):
-        return True
-    if isinstance(arg, (tuple, list)):
-        return any(has_ref(a) for a in arg)
-    if isinstance(arg, dict):
-        return any(has_ref(a) for a in arg.values())
-    return False
 
 
 class _Dispatched(Exception):

@@ -4,8 +4,6 @@ The wrapped module's forward runs the forward part of the plan's program (the sa
 instructions the simulator walked) inside one `torch.autograd.Function`, keeping what the plan
 keeps; `loss.backward()` then runs the rest of the program, recomputing what the plan
 recomputes, and hands autograd the parameter gradients, which land in the model's own `.grad`.
-Each part is compiled once to a straight-line Python function (one call per ATen node, `del`
-where the plan frees), so a step costs little more than the ops themselves.
 
 Exactness rules kept here:
 - a recomputed random op (dropout) replays the random state of its first run, and the global
@@ -16,8 +14,8 @@ Exactness rules kept here:
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,148 +23,96 @@ from torch import nn
 
 from core.errors import PlanMismatch
 from core.graph import Graph, build_graph
-from core.interpret import binding, has_ref
+from core.interpret import Call, binding, compile_node
 from core.schedule import FREE, Plan
-from core.trace import AtenNode, Ref, TensorSpec, capture, unflatten_output
+from core.trace import TensorSpec, capture, unflatten_output
 
-# how a node runs: normally, replaying its random state, or on copies of the state it writes
-_NORMAL, _REPLAY_RNG, _COPY_STATE = range(3)
+# how a node runs: normally, replaying its random state, on copies of the state it writes, or not
+_NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
+
+
+@dataclass
+class _Instr:
+    """One RUN with the FREEs that follow it, compiled: the loop the runtime walks."""
+
+    calls: tuple  # ((call, mode, random), ...)
+    drop: tuple[int, ...]  # env keys to drop afterwards: freed values, tuple results
 
 
 class _Program:
-    """A plan compiled against a graph: its forward and backward parts as two Python functions."""
+    """A plan compiled against a graph: the instruction list the runtime walks."""
 
     def __init__(self, graph: Graph, plan: Plan) -> None:
         self.graph = graph
-        trace = graph.trace
-        self.placeholders = [n.index for n in trace.nodes if n.role in ("param", "state", "input")]
-        diff = set(trace.diff_outputs)
-        self.non_diff = [i for i in range(len(trace.outputs)) if i not in diff]
-        self._state = {v.index for v in graph.values if v.is_placeholder}
-        self._seen: set[int] = set()
-        split = min(plan.backward_start, len(plan.program))
-        forward = _Segment(trace.nodes, set(self.placeholders), "forward", {})
-        for n in graph.prologue:
-            forward.run(n, _NORMAL)
-        self._add(forward, plan.program[:split])
-        self.forward = forward.function()
-        backward = _Segment(
-            trace.nodes, forward.live | set(trace.tangents), "backward", forward.bindings
-        )
-        for n in graph.tangent_prologue:
-            backward.run(n, _NORMAL)
-        self._add(backward, plan.program[split:])
-        self.backward = backward.function()
-
-    def _add(self, segment: _Segment, instructions: Sequence[tuple[str, int]]) -> None:
-        """Emit RUN and FREE instructions; a recompute replays random ops and leaves state alone."""
-        nodes = self.graph.trace.nodes
-        for kind, target in instructions:
-            if kind == FREE:
-                for n in self.graph.value_nodes.get(target, ()):
-                    segment.free(n)
+        nodes = graph.trace.nodes
+        placeholders = {v.index for v in graph.values if v.is_placeholder}
+        known: dict = {}  # binding choices, per op and argument pattern
+        calls = {
+            n: compile_node(nodes[n], binding(nodes[n], nodes, known))
+            for op in graph.ops
+            for n in op.nodes
+        }
+        seen: set[int] = set()
+        compiled: list[_Instr] = []
+        split = 0
+        for i, (kind, target) in enumerate(plan.program):
+            if i == plan.backward_start:
+                split = len(compiled)
+            if kind == FREE:  # a FREE joins the RUN before it (none precedes the first RUN)
+                compiled[-1].drop += graph.value_nodes.get(target, ())
                 continue
-            op = self.graph.ops[target]
-            recompute = target in self._seen
-            self._seen.add(target)
+            op = graph.ops[target]
+            recompute = target in seen
+            seen.add(target)
+            items = []
             for n in op.nodes:
                 node = nodes[n]
-                writes_state = any(s in self._state for w in node.writes for s in nodes[w].storages)
-                if recompute and node.random:
-                    segment.run(n, _REPLAY_RNG)
-                elif recompute and writes_state:
-                    if op.outputs:
-                        segment.run(n, _COPY_STATE)
-                else:
-                    segment.run(n, _NORMAL)
-            for n in op.nodes:  # tuple results: only the op's own getitems read them
-                if len(nodes[n].storages) > 1:
-                    segment.free(n)
-
-
-class _Segment:
-    """One part of the program as straight-line Python source, compiled once: a local `v<n>`
-    per node result, `del` exactly where the plan frees, ops and constants bound as the
-    function's globals. The function takes the values it reads from `env` and puts back the
-    ones still live when it returns, so memory is held and freed as the program says."""
-
-    def __init__(self, nodes: list[AtenNode], live: set[int], name: str, bindings: dict) -> None:
-        self.nodes = nodes
-        self.bindings = bindings  # binding() answers, shared by the program's segments
-        self.live = live  # results held when the segment has run so far (in env or as locals)
-        self.name = name
-        self.named: set[int] = set()  # results loaded from env or computed here: locals
-        self.loads: list[str] = []
-        self.lines: list[str] = []
-        self.names: dict[str, Any] = {
-            "_get_rng": _get_rng,
-            "_tensor_in": _tensor_in,
-            "_replay": _replay,
-            "_on_copies": _on_copies,
-        }
-        self._bound: dict[int, str] = {}
-
-    def run(self, n: int, mode: int) -> None:
-        node = self.nodes[n]
-        if n in self.live:  # a recompute of a held result replaces it, as in env
-            self._use(n)
-        if node.target is operator.getitem and isinstance(node.args[1], int):
-            self.lines.append(f"v{n} = {self._arg(node.args[0])}[{node.args[1]}]")
-        else:
-            args = [self._arg(a) for a in node.args]
-            kwargs = [f"{k}={self._arg(a)}" for k, a in node.kwargs.items()]
-            fn = self._bind(binding(node, self.nodes, self.bindings), "f")
-            if mode == _NORMAL and node.random:
-                self.lines.append(
-                    f"rng[{n}] = _get_rng(_tensor_in(({''.join(a + ', ' for a in args)})))"
+                writes_state = any(
+                    s in placeholders for w in node.writes for s in nodes[w].storages
                 )
-            if mode == _REPLAY_RNG:
-                args = [f"rng[{n}]", fn, *args]
-                fn = "_replay"
-            elif mode == _COPY_STATE:
-                args = [self._bind(node, "node"), fn, *args]
-                fn = "_on_copies"
-            self.lines.append(f"v{n} = {fn}({', '.join(args + kwargs)})")
-        self.named.add(n)
-        self.live.add(n)
+                mode = _NORMAL
+                if recompute and node.random:
+                    mode = _REPLAY_RNG
+                elif recompute and writes_state:
+                    mode = _SKIP if not op.outputs else _COPY_STATE
+                if mode != _SKIP:
+                    items.append((calls[n], calls[n].fast(), mode, node.random))
+            drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
+            compiled.append(_Instr(tuple(items), drop))
+        if plan.backward_start >= len(plan.program):
+            split = len(compiled)
+        self.prologue = [compile_node(nodes[n]) for n in graph.prologue]
+        self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
+        self.forward = compiled[:split]
+        self.backward = compiled[split:]
 
-    def free(self, n: int) -> None:
-        if n in self.live:
-            self._use(n)
-            self.lines.append(f"del v{n}")
-            self.live.discard(n)
+    def run(self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any]) -> None:
+        pop = env.pop
+        for ins in instrs:
+            for call, fast, mode, random in ins.calls:
+                if mode == _NORMAL and not random:
+                    env[call.index] = fast(env)
+                elif mode == _NORMAL:
+                    rng[call.index] = _get_rng(_tensor_in(call.args(env)))
+                    env[call.index] = call(env)
+                elif mode == _REPLAY_RNG:
+                    self._replay(call, env, rng[call.index])
+                else:  # _COPY_STATE: the recompute must not touch model state again
+                    node = self.graph.trace.nodes[call.index]
+                    args, kwargs = _copy_written(node, call.args(env), call.kwargs)
+                    env[call.index] = call.target(*args, **kwargs)
+                    del args, kwargs  # a local reference would outlive the program's FREE
+            for n in ins.drop:
+                pop(n, None)
 
-    def function(self) -> Callable[[dict[int, Any], dict[int, Any]], None]:
-        """The compiled segment: `fn(env, rng)` runs it on the values in `env`."""
-        body = (
-            self.loads + self.lines + [f"env[{n}] = v{n}" for n in sorted(self.named & self.live)]
-        )
-        source = "def segment(env, rng):\n" + "".join(f"    {line}\n" for line in body or ["pass"])
-        exec(compile(source, f"<remat {self.name}>", "exec"), self.names)
-        return self.names["segment"]
-
-    def _use(self, n: int) -> str:
-        if n not in self.named:
-            self.named.add(n)
-            self.loads.append(f"v{n} = env.pop({n})")
-        return f"v{n}"
-
-    def _arg(self, a: Any) -> str:
-        if isinstance(a, Ref):
-            return self._use(a.index)
-        if isinstance(a, (list, tuple)) and has_ref(a):
-            items = "".join(f"{self._arg(x)}, " for x in a)
-            return f"[{items}]" if isinstance(a, list) else f"({items})"
-        if a is None or type(a) in (bool, int):
-            return repr(a)
-        return self._bind(a, "c")
-
-    def _bind(self, obj: Any, prefix: str) -> str:
-        """A global name for `obj` (one per object)."""
-        if id(obj) not in self._bound:
-            self._bound[id(obj)] = name = f"{prefix}{len(self._bound)}"
-            self.names[name] = obj
-        return self._bound[id(obj)]
+    @staticmethod
+    def _replay(call: Call, env: dict[int, Any], state: Any) -> None:
+        """Run a random node again with the random state of its first run, then restore."""
+        device_of = _tensor_in(call.args(env))
+        now = _get_rng(device_of)
+        _set_rng(device_of, state)
+        env[call.index] = call(env)
+        _set_rng(device_of, now)
 
 
 class _StepState:
@@ -180,16 +126,23 @@ class _StepState:
 class _PlanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner: PlannedModule, n_params: int, *tensors: torch.Tensor):
-        program = runner._program
-        values = [*tensors[:n_params], *runner._state_tensors(), *tensors[n_params:]]
-        env = dict(zip(program.placeholders, values, strict=True))
+        program, trace = runner._program, runner._program.graph.trace
+        env: dict[int, Any] = {}
+        placeholders = [n.index for n in trace.nodes if n.role in ("param", "state", "input")]
+        state = runner._state_tensors()
+        values = list(tensors[:n_params]) + state + list(tensors[n_params:])
+        for i, t in zip(placeholders, values, strict=True):
+            env[i] = t
+        _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
-        program.forward(env, rng)
-        outputs = tuple(env[n] for n in program.graph.trace.outputs)
+        program.run(program.forward, env, rng)
+        outputs = tuple(env[n] for n in trace.outputs)
         ctx.step = _StepState(env, rng)
         ctx.runner = runner
         ctx.n_params = n_params
-        ctx.mark_non_differentiable(*[outputs[i] for i in program.non_diff])
+        ctx.mark_non_differentiable(
+            *[o for i, o in enumerate(outputs) if i not in set(trace.diff_outputs)]
+        )
         return outputs
 
     @staticmethod
@@ -209,7 +162,8 @@ class _PlanFunction(torch.autograd.Function):
             step.env = None
         for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
             env[t] = grad_outputs[out]
-        program.backward(env, step.rng)
+        _run_prologue(program.tangent_prologue, env)
+        program.run(program.backward, env, step.rng)
         grads = [env[g] if g is not None else None for g in trace.grads]
         env.clear()
         n_params = ctx.n_params
@@ -313,6 +267,12 @@ def _check_params(model: nn.Module, plan: Plan) -> None:
                 )
 
 
+def _run_prologue(calls: list[Call], env: dict[int, Any]) -> None:
+    """Views of placeholders (a weight's transpose): they allocate nothing."""
+    for call in calls:
+        env[call.index] = call(env)
+
+
 def _tensor_in(args: Any) -> torch.Tensor | None:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -335,22 +295,6 @@ def _set_rng(t: torch.Tensor | None, state: Any) -> None:
         torch.cuda.set_rng_state(state, t.device)
     else:
         torch.set_rng_state(state)
-
-
-def _replay(state: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Run a random op again with the random state of its first run, then restore."""
-    device_of = _tensor_in(args)
-    now = _get_rng(device_of)
-    _set_rng(device_of, state)
-    out = fn(*args, **kwargs)
-    _set_rng(device_of, now)
-    return out
-
-
-def _on_copies(node: AtenNode, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Recompute an op without touching model state again."""
-    args, kwargs = _copy_written(node, args, kwargs)
-    return fn(*args, **kwargs)
 
 
 def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

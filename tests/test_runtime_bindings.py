@@ -1,4 +1,4 @@
-"""The runtime's compiled program: bit-identical to eager, and each op called as its overload."""
+"""Ops called through their Python bindings: bit-identical to eager, same overload each time."""
 
 import pytest
 import torch
