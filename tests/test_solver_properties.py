@@ -246,3 +246,46 @@ def test_checkmate_ilp_equals_brute_force(case, solver):
     else:
         assert result is not None and result.optimal
         assert abs(result.objective - expected) < 1e-9
+
+
+# ---- keep-set search on random small DAGs --------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags())
+def test_keep_set_options_are_valid_schedules(case):
+    """Every option the beam search returns runs the forward once and each backward op once
+    in order, recomputes only what is missing (simulate_runs raises on a missing input), is
+    never faster than store-all, and the least-kept search drops everything droppable."""
+    from core.solvers.options import _keep_set_options, _kept_bytes, _option, _total_time
+
+    dag, _ = case
+    nf = dag.n_forward
+    full = _option(dag, list(range(len(dag.ops))))
+    found = _keep_set_options(dag, full)
+    for option in found:
+        assert list(option.runs[:nf]) == list(range(nf))
+        assert [i for i in option.runs[nf:] if i >= nf] == list(range(nf, len(dag.ops)))
+        assert _total_time(option) >= _total_time(full) - 1e-9
+    least = _option(dag, _keep_nothing(dag))
+    if _kept_bytes(dag, least) < _kept_bytes(dag, full):
+        assert min(_kept_bytes(dag, o) for o in found) == _kept_bytes(dag, least)
+
+
+def _keep_nothing(dag: Dag) -> list[int]:
+    """Forward once, then each backward op after recomputing what it reads (brute force)."""
+    nf = dag.n_forward
+    producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
+    runs = list(range(nf))
+
+    def add(v: int) -> None:
+        if v in producer:
+            for u in dag.ops[producer[v]].inputs:
+                add(u)
+            runs.append(producer[v])
+
+    for i in range(nf, len(dag.ops)):
+        for v in dag.ops[i].inputs:
+            add(v)
+        runs.append(i)
+    return runs
