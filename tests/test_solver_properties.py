@@ -23,6 +23,7 @@ def chains(draw):
         options = []
         for _ in range(draw(st.integers(1, 3))):
             kept = draw(st.integers(0, 6))
+            reads_output = j < n - 1 and draw(st.booleans())
             options.append(
                 BlockOption(
                     (),
@@ -30,10 +31,11 @@ def chains(draw):
                     forward_time=float(draw(st.integers(1, 5))),
                     forward_peak=out + kept + draw(st.integers(0, 3)),
                     kept=kept,
-                    reads_output=j < n - 1 and draw(st.booleans()),
+                    reads_output=reads_output,
                     reads_input=j > 0 and draw(st.booleans()),
                     backward_time=float(draw(st.integers(1, 9))),
                     backward_peak=draw(st.integers(0, 6)),
+                    needs_forward=kept > 0 or reads_output or draw(st.booleans()),
                 )
             )
         blocks.append(
@@ -100,7 +102,10 @@ def brute_force_chain(blocks: list[ChainBlock], budget: int) -> float:
             for o, opt in enumerate(blk.options):
                 moves.append((opt.forward_time, b, live | out | {("K", j, o)}, opt.forward_peak))
         for o, opt in enumerate(blocks[b].options):
-            needs = {("K", b, o)} | ({("A", b - 1)} if b > 0 and opt.reads_input else set())
+            # a backward that reads nothing its forward left may run without it (not the
+            # last block's: its forward is the step's output)
+            needs = {("K", b, o)} if opt.needs_forward or b == n - 1 else set()
+            needs |= {("A", b - 1)} if b > 0 and opt.reads_input else set()
             if opt.reads_output:
                 needs.add(("A", b))
             if needs <= live:

@@ -46,6 +46,10 @@ class BlockOption:
     reads_input: bool  # the backward reads the block's input: else it can go after the forward
     backward_time: float
     backward_peak: int  # bytes above what was live before the backward
+    # the backward reads what the forward left (kept values or the output); without it, a
+    # recompute that ends with this block need not run its forward again (a Linear's weight
+    # gradient reads only the block's input)
+    needs_forward: bool = True
 
 
 @dataclass
@@ -193,6 +197,7 @@ def _to_graph(
         reads_input,
         st.backward_time,
         st.backward_peak - st.backward_start,
+        bool(st.kept),
     )
 
 

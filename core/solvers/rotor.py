@@ -22,7 +22,7 @@ import numpy as np
 from core.errors import InfeasibleBudget
 from core.problem import Problem
 from core.schedule import Plan, plan_from_runs
-from core.solvers.options import ChainBlock, chain, layout
+from core.solvers.options import BlockOption, ChainBlock, chain, layout
 
 SLOTS = 1000
 _LEAF = 1 << 20
@@ -107,13 +107,16 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
                 kept = q(o.kept) + (out[s] if o.reads_output else 0)
                 fwd_need = grad[t + 1] + q(o.forward_peak)
                 bwd_need = grad[s + 1] + after + kept + q(o.backward_peak)
+                fwd_time = o.forward_time
+                if _skips_forward(blocks, s, t, o):
+                    fwd_need, fwd_time = 0, 0.0
                 if d == 0:
                     rest = 0.0
                 elif o.reads_output:  # the output stays until this backward: keep it
                     rest = shift(keep_cost[(s + 1, t)], out[s] + q(o.kept))
                 else:  # the sub-chain may drop the output once it is done with it
                     rest = shift(free_cost[(s + 1, t)], q(o.kept))
-                val = o.forward_time + o.backward_time + rest
+                val = fwd_time + o.backward_time + rest
                 better(k_best, k_what, np.where((m >= fwd_need) & (m >= bwd_need), val, inf), i)
                 if not o.reads_input:  # the input can go once this forward has run
                     ok = (m >= inp + fwd_need) & (m >= bwd_need)
@@ -145,7 +148,8 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     def option(s: int, t: int, m: int, c: int) -> None:
         o = blocks[s].options[c]
-        out.append(("Fe", s, c))
+        if not _skips_forward(blocks, s, t, o):
+            out.append(("Fe", s, c))
         if t > s and o.reads_output:
             keep(s + 1, t, m - q(blocks[s].output) - q(o.kept))
         elif t > s:
@@ -178,6 +182,13 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     keep(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
     return out
+
+
+def _skips_forward(blocks: list[ChainBlock], s: int, t: int, o: BlockOption) -> bool:
+    """A sub-chain of one block whose option's backward reads nothing its forward leaves:
+    the output is not needed either (the gradient has arrived), so the forward is not rerun.
+    Never the last block: its forward's first run is the step's output."""
+    return s == t < len(blocks) - 1 and not o.needs_forward
 
 
 def runs_of(blocks: list[ChainBlock], seq: list[tuple]) -> tuple[list[int], int]:
