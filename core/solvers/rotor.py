@@ -6,9 +6,12 @@ live (and stays so: the caller owns it), the gradient of block t's output is liv
 are free for everything else. Either block s runs Fe with an option (keeping its activations)
 and the rest is solved with what is left, or blocks s..j-1 run forward keeping nothing
 (Fck for s, Fn after), j..t is solved with block j's input kept, then s..j-1 with the
-gradients j..t left behind. Memory is counted in slots (sizes rounded up, budgets down); the
-table is computed once up to the store-all peak and cached on the problem, so a new budget
-is a table read, the program and one simulation.
+gradients j..t left behind. A one-block sub-chain whose option's backward reads nothing its
+forward leaves (a Linear's weight gradient reads the input only) skips that forward: it can
+only be a recompute, as every block first runs in a sub-chain that ends with the last block.
+Memory is counted in slots (sizes rounded up, budgets down); the table is computed once up
+to the store-all peak and cached on the problem, so a new budget is a table read, the
+program and one simulation.
 
 Method "rotor" gives each block a single option, keeping everything its backward reads.
 """
