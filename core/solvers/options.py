@@ -273,6 +273,8 @@ _State = tuple[frozenset[int], frozenset[int], _LocalOption]  # kept, transient,
 
 @dataclass
 class _Search:
+    """Beam search over (kept set, transient set); each state is simulated once."""
+
     recompute: _Recompute
     seen: dict[tuple, _LocalOption] = field(default_factory=dict)  # (kept, transient) -> option
 
@@ -302,6 +304,8 @@ class _Search:
         return [option for weight in WEIGHTS for *_, option in self.beam(start, weight)]
 
     def beam(self, start: _State, weight: float) -> list[_State]:
+        """Apply one more move per step; keep the BEAM children that add the least time
+        per byte they free (bytes counted with `weight`), until no move frees any."""
         dag, measure = self.recompute.dag, _weighted(weight)
         beam, found = [start], []
         while beam:
