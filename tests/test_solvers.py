@@ -155,3 +155,18 @@ def test_whole_graph_ilp_bound_is_below_its_plan():
         assert 1.0 <= bound <= plan.overhead
     else:
         assert bound == pytest.approx(plan.overhead)
+
+
+def test_rockmate_within_5_percent_of_the_ilp_optimum_on_an_mlp():
+    """On mlp-batch at 80% the whole-graph ILP proves its optimum in well under a second;
+    Rockmate's predicted time is within 5% of it (issue 4's quality bar)."""
+    from core.solvers.checkmate import solve_with_bound
+
+    model, inputs = build("mlp-batch")
+    problem = core.analyze(model, inputs)
+    budget = int(0.8 * problem.store_all_peak)
+    reference, bound = solve_with_bound(problem, budget, time_limit=20)
+    assert not reference.notes and bound == pytest.approx(reference.overhead)  # optimal
+    plan = core.solve(problem, budget, "rockmate")
+    assert plan.predicted_peak <= budget
+    assert plan.predicted_time <= 1.05 * reference.predicted_time
