@@ -20,7 +20,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from core.graph import Graph, Op
-from core.interpret import binding, compile_node, resolve
+from core.interpret import resolve, run_node
 from core.trace import AtenNode, Ref, Trace
 
 
@@ -44,7 +44,7 @@ class DeviceSpec:
 # counting all in and out bytes 42-44 GB/s on 1-4M float32 elements and 30 GB/s on 16M, hence
 # 35 GB/s; on 32M elements (128 MB, above glibc's 32 MB mmap threshold) 4.3 GB/s, i.e. 1.8 GB/s
 # of page faults on the new output on top of the 22 GB/s the same add reaches with `out=`;
-# `aten.add` of one-element tensors through its OpOverload 2.7 us, 4 us with a step's bookkeeping.
+# `aten.add` of one-element tensors through `run_node` 2.7 us, 4 us with a step's bookkeeping.
 # GPUs: datasheet peaks (NVIDIA A100/H100/V100 and Ada RTX 4090 datasheets, dense, no sparsity)
 # derated to 70% of compute and 80% of bandwidth, what large kernels sustain in practice.
 # `flops` is plain fp32 (PyTorch leaves TF32 matmuls off by default), `half_flops` the fp16/bf16
@@ -106,7 +106,7 @@ def measure_times(
 
     Ops with an identical signature (`op_signature`) are timed once, so identical layers cost
     one measurement. Traces record no device, so ops run on this machine's CPU. Each op runs
-    its ATen nodes in order, called as the runtime calls them, on fresh inputs: floats
+    its ATen nodes in order through `run_node`, as the runtime does, on fresh inputs: floats
     random normal, integers zeros (valid indices), bools random. Time is the measuring
     thread's CPU time, so other processes sharing the cores do not inflate it. The caller's
     thread count and random state are left as they were. `progress(done, total)` is called
@@ -235,7 +235,6 @@ def _time_op(trace: Trace, op: Op, repeats: int) -> float:
     their total, warm-up included, does.
     """
     nodes = [trace.nodes[n] for n in op.nodes]
-    calls = [compile_node(node, binding(node, trace.nodes, {})) for node in nodes]
     inside = set(op.nodes)
     outside = sorted({r for node in nodes for r in node.reads if r not in inside})
     inputs = {r: _make(trace.nodes[r], _random) for r in outside}
@@ -243,8 +242,8 @@ def _time_op(trace: Trace, op: Op, repeats: int) -> float:
     def run() -> float:
         env = dict(inputs)
         start = time.thread_time()
-        for call in calls:
-            env[call.index] = call(env)
+        for node in nodes:
+            env[node.index] = run_node(node, env)
         return time.thread_time() - start
 
     warm = run()

@@ -89,6 +89,21 @@ def compile_node(node: AtenNode, target: Callable[..., Any] | None = None) -> Ca
     )
 
 
+def run_node(node: AtenNode, env: dict[int, Any]) -> Any:
+    """Call one ATen node with its arguments taken from `env`; returns its result."""
+    return compile_node(node)(env)
+
+
+def _has_ref(arg: Any) -> bool:
+    if isinstance(arg, Ref):
+        return True
+    if isinstance(arg, (tuple, list)):
+        return any(_has_ref(a) for a in arg)
+    if isinstance(arg, dict):
+        return any(_has_ref(a) for a in arg.values())
+    return False
+
+
 def binding(node: AtenNode, nodes: Sequence[AtenNode], known: dict) -> Callable[..., Any]:
     """The quickest callable that runs `node` exactly as its OpOverload does: PyTorch's
     generated Python binding (`torch.mm`, `Tensor.view`...), about 1 us less per call, where
@@ -171,13 +186,3 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
-
-
-def _has_ref(arg: Any) -> bool:
-    if isinstance(arg, Ref):
-        return True
-    if isinstance(arg, (tuple, list)):
-        return any(_has_ref(a) for a in arg)
-    if isinstance(arg, dict):
-        return any(_has_ref(a) for a in arg.values())
-    return False
