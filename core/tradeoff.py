@@ -6,6 +6,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from unittest import mock
 
 from core.errors import InfeasibleBudget
 from core.problem import Problem
@@ -71,115 +72,90 @@ def bench_solvers(
     incumbent and lower bound after `large_seconds` on larger ones; then gpt2-small's
     solver speed (analysed from the meta device: no weights are built). Block options are
     computed cold: the on-disk and in-memory option caches are off for the benchmark."""
-    from core.solvers import options
-
-    saved_cache = os.environ.get("REMAT_CACHE")
-    os.environ["REMAT_CACHE"] = "off"
-    options.clear_memory_cache()
-    try:
-        return _bench_solvers(
-            models,
-            fractions,
-            methods,
-            reference_models,
-            reference_seconds,
-            large_reference,
-            large_seconds,
-        )
-    finally:
-        if saved_cache is None:
-            os.environ.pop("REMAT_CACHE", None)
-        else:
-            os.environ["REMAT_CACHE"] = saved_cache
-
-
-def _bench_solvers(
-    models: tuple[str, ...],
-    fractions: tuple[float, ...],
-    methods: tuple[str, ...],
-    reference_models: tuple[str, ...],
-    reference_seconds: float,
-    large_reference: tuple[tuple[str, float], ...],
-    large_seconds: float,
-) -> str:
     import torch
 
     import core
-    from core.solvers import checkmate, solve
+    from core.solvers import checkmate, options, solve
     from sample_models import REGISTRY, build
 
-    lines = []
-    for name in models:
-        model, inputs = build(name)
+    with mock.patch.dict(os.environ, {"REMAT_CACHE": "off"}):  # options computed cold
+        options.clear_memory_cache()
+        lines = []
+        for name in models:
+            model, inputs = build(name)
+            start = time.perf_counter()
+            problem = core.analyze(model, inputs)
+            analysed = time.perf_counter() - start
+            minimum_budget(problem, "rockmate")
+            prepared = time.perf_counter() - start
+            lines.append(
+                f"{name}: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s, "
+                f"store-all peak {problem.store_all_peak / 2**20:.2f} MiB"
+            )
+            lines.append(
+                "  method             " + "".join(f"{f:>8.0%}" for f in fractions) + "   min"
+            )
+            for method in methods:
+                cells = []
+                for f in fractions:
+                    try:
+                        cells.append(f"{solve(problem, f, method).overhead:8.3f}")
+                    except InfeasibleBudget:
+                        cells.append(f"{'-':>8}")
+                low = minimum_budget(problem, method) / problem.store_all_peak
+                lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
+            lines.append(f"  rockmate new budget: median {_new_budget_ms(problem):.1f} ms")
+
+        lines.append(
+            f"Rockmate against the whole-graph ILP (restricted Checkmate form, HiGHS, "
+            f"{reference_seconds:.0f} s limit; * = limit hit, best schedule found, with the ILP's "
+            "lower bound)"
+        )
+        for name in reference_models:
+            model, inputs = build(name)
+            problem = core.analyze(model, inputs)
+            cells = []
+            for f in (0.8, 0.7, 0.6, 0.55, 0.5, 0.4):
+                try:
+                    ours = solve(problem, f, "rockmate").overhead
+                except InfeasibleBudget:
+                    cells.append(f"{f:.0%}: -")
+                    continue
+                budget = int(f * problem.store_all_peak)
+                try:
+                    ref = checkmate.solve_with_bound(problem, budget, time_limit=reference_seconds)
+                except InfeasibleBudget:
+                    cells.append(f"{f:.0%}: {ours:.3f} vs ILP none")
+                    continue
+                cells.append(f"{f:.0%}: {ours:.3f} vs {_reference(*ref)}")
+            lines.append(f"  {name}: " + ", ".join(cells))
+        for name, f in large_reference:
+            model, inputs = build(name)
+            problem = core.analyze(model, inputs)
+            ours = solve(problem, f, "rockmate").overhead
+            budget = int(f * problem.store_all_peak)
+            try:
+                ref = _reference(
+                    *checkmate.solve_with_bound(problem, budget, time_limit=large_seconds)
+                )
+            except InfeasibleBudget:
+                ref = "none found"
+            lines.append(f"  {name} at {f:.0%}, ILP {large_seconds:.0f} s: {ours:.3f} vs {ref}")
+
+        preset = REGISTRY["gpt2-small"]
+        with torch.device("meta"):
+            model, inputs = preset.make_model(), preset.make_inputs()
         start = time.perf_counter()
         problem = core.analyze(model, inputs)
         analysed = time.perf_counter() - start
         minimum_budget(problem, "rockmate")
         prepared = time.perf_counter() - start
+        half = solve(problem, 0.5, "rockmate").overhead
         lines.append(
-            f"{name}: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s, "
-            f"store-all peak {problem.store_all_peak / 2**20:.2f} MiB"
+            f"gpt2-small: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s; "
+            f"rockmate at 50%: {half:.3f}; new budget: median {_new_budget_ms(problem):.1f} ms"
         )
-        lines.append("  method             " + "".join(f"{f:>8.0%}" for f in fractions) + "   min")
-        for method in methods:
-            cells = []
-            for f in fractions:
-                try:
-                    cells.append(f"{solve(problem, f, method).overhead:8.3f}")
-                except InfeasibleBudget:
-                    cells.append(f"{'-':>8}")
-            low = minimum_budget(problem, method) / problem.store_all_peak
-            lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
-        lines.append(f"  rockmate new budget: median {_new_budget_ms(problem):.1f} ms")
-
-    lines.append(
-        f"Rockmate against the whole-graph ILP (restricted Checkmate form, HiGHS, "
-        f"{reference_seconds:.0f} s limit; * = limit hit, best schedule found, with the ILP's "
-        "lower bound)"
-    )
-    for name in reference_models:
-        model, inputs = build(name)
-        problem = core.analyze(model, inputs)
-        cells = []
-        for f in (0.8, 0.7, 0.6, 0.55, 0.5, 0.4):
-            try:
-                ours = solve(problem, f, "rockmate").overhead
-            except InfeasibleBudget:
-                cells.append(f"{f:.0%}: -")
-                continue
-            budget = int(f * problem.store_all_peak)
-            try:
-                ref = checkmate.solve_with_bound(problem, budget, time_limit=reference_seconds)
-            except InfeasibleBudget:
-                cells.append(f"{f:.0%}: {ours:.3f} vs ILP none")
-                continue
-            cells.append(f"{f:.0%}: {ours:.3f} vs {_reference(*ref)}")
-        lines.append(f"  {name}: " + ", ".join(cells))
-    for name, f in large_reference:
-        model, inputs = build(name)
-        problem = core.analyze(model, inputs)
-        ours = solve(problem, f, "rockmate").overhead
-        budget = int(f * problem.store_all_peak)
-        try:
-            ref = _reference(*checkmate.solve_with_bound(problem, budget, time_limit=large_seconds))
-        except InfeasibleBudget:
-            ref = "none found"
-        lines.append(f"  {name} at {f:.0%}, ILP {large_seconds:.0f} s: {ours:.3f} vs {ref}")
-
-    preset = REGISTRY["gpt2-small"]
-    with torch.device("meta"):
-        model, inputs = preset.make_model(), preset.make_inputs()
-    start = time.perf_counter()
-    problem = core.analyze(model, inputs)
-    analysed = time.perf_counter() - start
-    minimum_budget(problem, "rockmate")
-    prepared = time.perf_counter() - start
-    half = solve(problem, 0.5, "rockmate").overhead
-    lines.append(
-        f"gpt2-small: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s; "
-        f"rockmate at 50%: {half:.3f}; new budget: median {_new_budget_ms(problem):.1f} ms"
-    )
-    return "\n".join(lines)
+        return "\n".join(lines)
 
 
 def _reference(plan: Plan, bound: float | None) -> str:

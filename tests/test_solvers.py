@@ -132,7 +132,7 @@ def test_transient_values_are_recomputed_per_reader_and_freed_between():
         DagOp((1, 6), (5,), 1.0, True),  # second reader of a
     ]
     dag = Dag(ops, {1: 100, 2: 1, 3: 1, 4: 1000, 5: 1, 6: 1}, final=frozenset({5}))
-    recompute = _Recompute(dag, {1: 0, 2: 1}, frozenset())
+    recompute = _Recompute(dag)
     held = recompute.runs(frozenset())
     transient = recompute.runs(frozenset(), frozenset({1}))
     assert held == [0, 1, 0, 2, 3, 4, 5]

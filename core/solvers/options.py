@@ -250,14 +250,14 @@ def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
     of several ways to count bytes, the children that add the least time per byte they free;
     every state the beam holds is an option.
     """
-    nf = dag.n_forward
-    producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
-    # an op that produces a step output (the loss) must not run twice: keep all it produces
-    pinned = frozenset(v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs)
+    search = _Search(_Recompute(dag))
+    recompute = search.recompute
     keep = frozenset(
-        v for v in full.stats.kept if v in producer and dag.sizes.get(v, 0) > 0 and v not in pinned
+        v
+        for v in full.stats.kept
+        if v in recompute.producer and dag.sizes.get(v, 0) > 0 and v not in recompute.pinned
     )
-    return _Search(_Recompute(dag, producer, pinned)).run((keep, frozenset(), full))
+    return search.run((keep, frozenset(), full))
 
 
 # Bytes are counted as what the forward keeps plus this fraction of the backward's peak
@@ -359,11 +359,15 @@ class _Recompute:
     """
 
     dag: Dag
-    producer: dict[int, int]  # forward value -> position of its op
-    pinned: frozenset[int]  # values that must not be recomputed
 
     def __post_init__(self) -> None:
         dag, nf = self.dag, self.dag.n_forward
+        # forward value -> position of its op
+        self.producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
+        # an op that produces a step output (the loss) must not run twice: keep all it produces
+        self.pinned = frozenset(
+            v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs
+        )
         self.readers: dict[int, list[int]] = {}  # value -> forward values computed from it
         for v, f in self.producer.items():
             for u in dag.ops[f].inputs:
