@@ -51,23 +51,30 @@ class Call:
         return self.target(*self.args(env), **kwargs)
 
     def fast(self) -> Callable[[dict[int, Any]], Any]:
-        """The call as one closure, specialised for the common shapes (every positional
-        argument a reference, no keyword arguments): the runtime's innermost loop."""
-        fn, template = self.target, self.template
-        if self.nested or self.kwargs_have_refs or self.kwargs:
+        """The call as one closure where its shape is a common one: one to three references
+        first, then constants (a view's shape, a sum's dims) and constant keywords. The
+        runtime's innermost loop; other calls build their arguments with `args`."""
+        fn, n = self.target, len(self.refs)
+        if self.nested or self.kwargs_have_refs or not 1 <= n <= 3:
             return self
-        if len(self.refs) == len(template):
-            index = [n for _, n in self.refs]
-            if len(index) == 1:
-                (a,) = index
-                return lambda env: fn(env[a])
-            if len(index) == 2:
-                a, b = index
-                return lambda env: fn(env[a], env[b])
-            if len(index) == 3:
-                a, b, c = index
-                return lambda env: fn(env[a], env[b], env[c])
-        return self
+        if [pos for pos, _ in self.refs] != list(range(n)):
+            return self
+        index = [node for _, node in self.refs]
+        rest, kw = self.template[n:], self.kwargs
+        if n == 1:
+            (a,) = index
+            if rest or kw:
+                return lambda env: fn(env[a], *rest, **kw)
+            return lambda env: fn(env[a])
+        if n == 2:
+            a, b = index
+            if rest or kw:
+                return lambda env: fn(env[a], env[b], *rest, **kw)
+            return lambda env: fn(env[a], env[b])
+        a, b, c = index
+        if rest or kw:
+            return lambda env: fn(env[a], env[b], env[c], *rest, **kw)
+        return lambda env: fn(env[a], env[b], env[c])
 
 
 def compile_node(node: AtenNode, target: Callable[..., Any] | None = None) -> Call:

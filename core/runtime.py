@@ -81,6 +81,8 @@ class _Program:
             compiled.append(_Instr(tuple(items), drop))
         if plan.backward_start >= len(plan.program):
             split = len(compiled)
+        # trace nodes the step's tensors bind to: parameters, state, then inputs
+        self.placeholders = [n.index for n in nodes if n.role in ("param", "state", "input")]
         self.prologue = [compile_node(nodes[n]) for n in graph.prologue]
         self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
         self.forward = compiled[:split]
@@ -128,10 +130,9 @@ class _PlanFunction(torch.autograd.Function):
     def forward(ctx, runner: PlannedModule, n_params: int, *tensors: torch.Tensor):
         program, trace = runner._program, runner._program.graph.trace
         env: dict[int, Any] = {}
-        placeholders = [n.index for n in trace.nodes if n.role in ("param", "state", "input")]
         state = runner._state_tensors()
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
-        for i, t in zip(placeholders, values, strict=True):
+        for i, t in zip(program.placeholders, values, strict=True):
             env[i] = t
         _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}

@@ -48,3 +48,38 @@ def test_binding_is_used_only_where_it_dispatches_the_same_overload():
     assert binding(nodes[1], nodes, {}) is torch._C.TensorBase.view
     nodes = _nodes(aten.add.Scalar, 2)  # torch.add(x, 2) would call add.Tensor
     assert binding(nodes[1], nodes, {}) is aten.add.Scalar._op
+
+
+def test_fast_calls_build_the_same_arguments():
+    """Each shape `Call.fast` specialises (references first, then constants and keywords)
+    passes exactly the arguments the general path builds."""
+    from core.interpret import compile_node
+
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append((args, kwargs))
+
+    env = {0: "a", 1: "b", 2: "c", 3: "d"}
+    shapes = [
+        ((Ref(0),), {}),
+        ((Ref(0), [3, 2]), {}),
+        ((Ref(0), Ref(1)), {"alpha": 2}),
+        ((Ref(0), Ref(1), Ref(2)), {}),
+        ((Ref(0), Ref(1), Ref(2), 1.5), {}),
+        ((Ref(0), 1, Ref(1)), {}),  # a reference after a constant: the general path
+        ((Ref(0), Ref(1), Ref(2), Ref(3)), {}),  # four references: the general path
+        (([Ref(0), Ref(1)], 0), {}),  # a list of references (cat): the general path
+    ]
+    for args, kwargs in shapes:
+        node = AtenNode(9, "y", "op", target=record, args=args, kwargs=kwargs)
+        call = compile_node(node)
+        seen.clear()
+        call.fast()(env)
+        call(env)
+        assert seen[0] == seen[1]
+        assert seen[0][0][0] in ("a", ["a", "b"])
+    specialised = [
+        compile_node(AtenNode(9, "y", "op", target=record, args=a, kwargs=k)) for a, k in shapes
+    ]
+    assert [c.fast() is not c for c in specialised] == [True] * 5 + [False] * 3
