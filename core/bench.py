@@ -914,6 +914,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="results folder (default results/bench-<date>)")
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     p.add_argument("--methods", help=f"our methods (default {','.join(OUR_METHODS)})")
+    p.add_argument(
+        "--budgets",
+        help="our budgets, fractions of the store-all peak, the minimum feasible always added "
+        f"(default {','.join(str(b) for b in OUR_BUDGETS)})",
+    )
     return p
 
 
@@ -940,10 +945,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         backends = ("aot_eager_decomp_partition", "inductor")
     methods = tuple(args.methods.split(",")) if args.methods else OUR_METHODS
+    try:
+        budgets = tuple(float(b) for b in args.budgets.split(",")) if args.budgets else OUR_BUDGETS
+    except ValueError:
+        console.print(f"--budgets takes fractions like 0.5,0.3; got {args.budgets!r}")
+        return 2
+    if not all(0 < b <= 1 for b in budgets):
+        console.print(
+            f"--budgets are fractions of the store-all peak in (0, 1]; got {args.budgets}"
+        )
+        return 2
     out = Path(args.out or f"results/bench-{_dt.date.today():%Y-%m-%d}")
     console.print(f"remat bench: {', '.join(models)}; {reps} reps; {environment()}")
     start = time.perf_counter()
-    rows = run_bench(models, reps, methods=methods, compile_backends=backends, console=console)
+    rows = run_bench(
+        models, reps, methods=methods, budgets=budgets, compile_backends=backends, console=console
+    )
     print_tables(rows, console)
     paths = write_results(rows, out, reps)
     console.print(

@@ -100,6 +100,20 @@ def test_main_rejects_unknown_models(capsys):
     assert bench.main(["--models", "nope", "--out", "/nonexistent"]) == 2
 
 
+@pytest.mark.parametrize("budgets", ["half", "0.5,1.5", "0"])
+def test_main_rejects_bad_budgets(budgets, capsys):
+    assert bench.main(["--models", "gpt-tiny", "--budgets", budgets, "--out", "/nonexistent"]) == 2
+    assert "--budgets" in capsys.readouterr().out
+
+
+def test_budgets_flag_picks_our_budgets(tmp_path):
+    out = tmp_path / "b"
+    argv = ["--models", "gpt-tiny", "--methods", "rockmate", "--budgets", "0.6", "--no-compile"]
+    assert bench.main([*argv, "--reps", "1", "--out", str(out)]) == 0
+    keys = {r["key"] for r in csv.DictReader((out / "bench.csv").open())}
+    assert "ours:rockmate@60%" in keys and "ours:rockmate@50%" not in keys
+
+
 @pytest.mark.slow
 def test_quick_command_line(tmp_path, capsys):
     """`remat bench --quick` as the issue asks: gpt-tiny and resnet-tiny, every strategy that
