@@ -9,8 +9,10 @@ running statistics included) is reset before each step and gradients start from 
    `torch.testing.assert_close` for the DIFFERS flag);
 3. peak: one untimed step per strategy under `core.memory.StorageTracker` (inductor's generated
    code allocates past the dispatcher, so its peak comes from the allocator's profile instead);
-4. time: `reps` rounds, each running every strategy once (interleaved, so drifts in machine
-   load hit all strategies alike); the median per strategy.
+4. time: `reps` rounds; in each, every strategy runs right after an eager step, and its
+   ratio is taken against that step (this VM's speed drifts by 10-20% within minutes: a
+   pair shares its moment). A strategy's ratio is the median of its paired ratios; its time
+   and eager's are medians of all their steps.
 
 One thread throughout: on this 2-core CPU, OpenMP stalls made multi-threaded steps vary 2x.
 """
@@ -76,6 +78,7 @@ class Row:
     predicted_peak: float = math.nan  # ours: the plan's simulated peak
     predicted_overhead: float = math.nan  # ours: predicted time / store-all time
     times: list[float] = field(default_factory=list, repr=False)
+    ratios: list[float] = field(default_factory=list, repr=False)  # each against its eager step
     note: str = ""
 
     @property
@@ -84,6 +87,8 @@ class Row:
 
     @property
     def time_ratio(self) -> float:
+        if self.ratios:
+            return statistics.median(self.ratios)
         return self.time / self.eager_time if self.eager_time else math.nan
 
     @property
@@ -541,15 +546,19 @@ def _bench_model(name, reps, methods, budgets, compile_backends, keep, console, 
             log(f"[red]{s.key} {rows[s.key].note}[/]")
         progress.advance(task)
     live = [s for s in live if rows[s.key].ok]
+    eager = rows[strategies[0].key]
     for rep in range(reps):
         for s in live:
             progress.update(task, description=f"{name}: time {rep + 1}/{reps} {s.key}")
             try:
-                rows[s.key].times.append(runner.time(s.step))
+                before = runner.time(strategies[0].step)
+                eager.times.append(before)
+                if s is not strategies[0]:
+                    rows[s.key].times.append(runner.time(s.step))
+                    rows[s.key].ratios.append(rows[s.key].times[-1] / before)
             except Exception as e:
                 rows[s.key].note = f"failed (timing): {type(e).__name__}: {str(e)[:120]}"
             progress.advance(task)
-    eager = rows[strategies[0].key]
     eager.time = statistics.median(eager.times) if eager.times else math.nan
     for row in rows.values():
         if row.times:
@@ -681,7 +690,12 @@ def environment() -> str:
 
 def write_markdown(rows: Sequence[Row], path: Path, reps: int | None = None) -> None:
     lines = [
-        f"# remat bench\n\n{environment()}" + (f"; {reps} timed reps, medians" if reps else "")
+        f"# remat bench\n\n{environment()}"
+        + (
+            f"; {reps} timed reps, each step right after an eager one; medians of the paired ratios"
+            if reps
+            else ""
+        )
     ]
     lines.append(
         "\nPeak: bytes beyond parameters and inputs, from `core.memory.StorageTracker` around "
@@ -719,6 +733,7 @@ CSV_FIELDS = [
     "predicted_peak",
     "predicted_overhead",
     "times",
+    "ratios",
     "note",
 ]
 
@@ -731,6 +746,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             d = asdict(r)
             d.update(peak_ratio=r.peak_ratio, time_ratio=r.time_ratio)
             d["times"] = " ".join(f"{t:.5f}" for t in r.times)
+            d["ratios"] = " ".join(f"{x:.4f}" for x in r.ratios)
             w.writerow({k: d[k] for k in CSV_FIELDS})
 
 
@@ -901,7 +917,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="remat bench",
         description="Real training steps on the sample models: eager PyTorch, torch.utils."
         "checkpoint, selective checkpointing, torch.compile's memory budget and our plans, "
-        "measured side by side (1 thread, interleaved repetitions, medians).",
+        "measured side by side (1 thread, each step paired with an eager step, medians).",
     )
     p.add_argument(
         "--quick",

@@ -2,6 +2,7 @@
 
 import csv
 import math
+import statistics
 
 import pytest
 import torch
@@ -33,7 +34,16 @@ def test_eager_is_the_reference(rows):
     assert eager.key == "eager"
     assert eager.peak_ratio == 1.0 and eager.time_ratio == 1.0
     assert eager.grad_error == 0 and eager.grads_match
-    assert eager.peak > 0 and eager.time > 0 and len(eager.times) == 2
+    # an eager step before every timed step of every strategy, itself included: 2 reps
+    assert eager.peak > 0 and eager.time > 0 and len(eager.times) == 2 * len(rows)
+    assert not eager.ratios
+
+
+def test_each_ratio_is_paired_with_an_eager_step(rows):
+    for r in rows[1:]:
+        assert len(r.ratios) == len(r.times) == 2
+        assert r.time_ratio == statistics.median(r.ratios)
+        assert all(x > 0 for x in r.ratios)
 
 
 def test_store_all_matches_eager(rows):
