@@ -262,19 +262,20 @@ def test_keep_set_options_are_valid_schedules(case):
     """Every option the beam search returns runs the forward once and each backward op once
     in order, recomputes only what is missing (simulate_runs raises on a missing input), is
     never faster than store-all, and the least-kept search drops everything droppable."""
-    from core.solvers.options import _keep_set_options, _kept_bytes, _option, _total_time
+    from core.solvers.checkmate import kept_bytes, simulated
+    from core.solvers.keep_sets import keep_set_options
 
     dag, _ = case
     nf = dag.n_forward
-    full = _option(dag, list(range(len(dag.ops))))
-    found = _keep_set_options(dag, full)
+    full = simulated(dag, list(range(len(dag.ops))))
+    found = keep_set_options(dag, full)
     for option in found:
         assert list(option.runs[:nf]) == list(range(nf))
         assert [i for i in option.runs[nf:] if i >= nf] == list(range(nf, len(dag.ops)))
-        assert _total_time(option) >= _total_time(full) - 1e-9
-    least = _option(dag, _keep_nothing(dag))
-    if _kept_bytes(dag, least) < _kept_bytes(dag, full):
-        assert min(_kept_bytes(dag, o) for o in found) == _kept_bytes(dag, least)
+        assert option.time >= full.time - 1e-9
+    least = simulated(dag, _keep_nothing(dag))
+    if kept_bytes(dag, least) < kept_bytes(dag, full):
+        assert min(kept_bytes(dag, o) for o in found) == kept_bytes(dag, least)
 
 
 def _keep_nothing(dag: Dag) -> list[int]:

@@ -120,8 +120,8 @@ def test_whole_graph_ilp_reports_a_real_minimum():
 def test_transient_values_are_recomputed_per_reader_and_freed_between():
     """A dropped value read by two backward ops: held between them by default, recomputed
     for each reader when transient, which lowers the peak while a big temporary is live."""
-    from core.solvers.checkmate import Dag, DagOp
-    from core.solvers.options import _option, _Recompute
+    from core.solvers.checkmate import Dag, DagOp, simulated
+    from core.solvers.keep_sets import Recompute
 
     ops = [
         DagOp((0,), (1,), 1.0, False),  # a = f(x), 100 bytes
@@ -132,12 +132,12 @@ def test_transient_values_are_recomputed_per_reader_and_freed_between():
         DagOp((1, 6), (5,), 1.0, True),  # second reader of a
     ]
     dag = Dag(ops, {1: 100, 2: 1, 3: 1, 4: 1000, 5: 1, 6: 1}, final=frozenset({5}))
-    recompute = _Recompute(dag)
+    recompute = Recompute(dag)
     held = recompute.runs(frozenset())
     transient = recompute.runs(frozenset(), frozenset({1}))
     assert held == [0, 1, 0, 2, 3, 4, 5]
     assert transient == [0, 1, 0, 2, 3, 4, 0, 5]
-    a, b = _option(dag, held).stats, _option(dag, transient).stats
+    a, b = simulated(dag, held).stats, simulated(dag, transient).stats
     assert b.backward_peak == a.backward_peak - 100
     assert b.backward_time == a.backward_time + 1.0
     # kept and transient: read from the forward's copy once, then recomputed

@@ -20,12 +20,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.problem import Problem
-from core.solvers.checkmate import DEFAULT_SOLVER, Dag, DagOp, simulate_runs, solve_ilp
+from core.solvers.checkmate import (
+    DEFAULT_SOLVER,
+    Dag,
+    DagOp,
+    Simulated,
+    kept_bytes,
+    simulate_runs,
+    simulated,
+    solve_ilp,
+)
+from core.solvers.keep_sets import keep_set_options
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
@@ -150,7 +159,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
         fwd_only = Dag(dag.ops[:nf], dag.sizes, frozenset(), dag.final, dag.held)
         input_value = problem.blocks[j - 1].output_value if j > 0 else None
         stats = simulate_runs(fwd_only, list(range(nf)), nf)
-        options = block_options(problem, dag) if with_options else [_option(dag, _store_all(dag))]
+        options = block_options(problem, dag) if with_options else [simulated(dag, _store_all(dag))]
         out.append(
             ChainBlock(
                 output=lay.outputs[j],
@@ -166,22 +175,12 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
     return out
 
 
-@dataclass(frozen=True)
-class _LocalOption:
-    runs: tuple[int, ...]  # dag positions
-    stats: object
-
-
 def _store_all(dag: Dag) -> list[int]:
     return list(range(len(dag.ops)))
 
 
-def _option(dag: Dag, runs: list[int]) -> _LocalOption:
-    return _LocalOption(tuple(runs), simulate_runs(dag, runs, dag.n_forward))
-
-
 def _to_graph(
-    dag: Dag, local: _LocalOption, output_bytes: int, input_value: int | None
+    dag: Dag, local: Simulated, output_bytes: int, input_value: int | None
 ) -> BlockOption:
     nf, st = dag.n_forward, local.stats
     reads_input = any(input_value in dag.ops[i].inputs for i in local.runs[nf:])
@@ -206,7 +205,7 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-def block_options(problem: Problem, dag: Dag) -> list[_LocalOption]:
+def block_options(problem: Problem, dag: Dag) -> list[Simulated]:
     """Options of one block over the budget grid, dominated ones dropped. The run lists are
     cached per block shape (memory, problem, disk); figures are simulated for this block."""
     key = _dag_key(dag)
@@ -218,14 +217,14 @@ def block_options(problem: Problem, dag: Dag) -> list[_LocalOption]:
                 _MEMORY[key] = _compute_options(dag)
                 _save(key, _MEMORY[key])
         mem[key] = _MEMORY[key]
-    return [_option(dag, list(runs)) for runs in mem[key]]
+    return [simulated(dag, list(runs)) for runs in mem[key]]
 
 
 def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
-    full = _option(dag, _store_all(dag))
+    full = simulated(dag, _store_all(dag))
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
-    found = [full, *_keep_set_options(dag, full)]
+    found = [full, *keep_set_options(dag, full)]
     if any(op.backward for op in dag.ops):
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
             result = solve_ilp(
@@ -234,202 +233,19 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
             if result is None:
                 break
             try:
-                found.append(_option(dag, result.runs))
+                found.append(simulated(dag, result.runs))
             except ValueError:
                 continue
     return [o.runs for o in _pareto(dag, found)]
 
 
-def _keep_set_options(dag: Dag, full: _LocalOption) -> list[_LocalOption]:
-    """Options from keep sets, found by a greedy beam search and simulated exactly.
-
-    The ILP's stage memory rows are conservative, so it misses the options that matter most
-    in attention: keep the matmul outputs, recompute the big pointwise results (softmax,
-    dropout masks) just before the backward reads them. Starting from store-all, each step
-    applies one more move to the states of the beam (see `_Search.moves`) and keeps, for each
-    of several ways to count bytes, the children that add the least time per byte they free;
-    every state the beam holds is an option.
-    """
-    search = _Search(_Recompute(dag))
-    recompute = search.recompute
-    keep = frozenset(
-        v
-        for v in full.stats.kept
-        if v in recompute.producer and dag.sizes.get(v, 0) > 0 and v not in recompute.pinned
-    )
-    return search.run((keep, frozenset(), full))
-
-
-# Bytes are counted as what the forward keeps plus this fraction of the backward's peak
-# above it: 0 finds the least kept, 1 the least footprint; between, a move may raise the
-# backward's peak by less than it lowers what is kept (keep gelu's output, recompute its
-# input), which can let later moves lower what is kept for free. Rotor pays for both, in
-# proportions that depend on the rest of the chain.
-WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-BEAM = 8  # states each weight's beam keeps per step
-
-_State = tuple[frozenset[int], frozenset[int], _LocalOption]  # kept, transient, option
-
-
-@dataclass
-class _Search:
-    """Beam search over (kept set, transient set); each state is simulated once."""
-
-    recompute: _Recompute
-    seen: dict[tuple, _LocalOption] = field(default_factory=dict)  # (kept, transient) -> option
-
-    def option(self, keep: frozenset[int], transient: frozenset[int]) -> _LocalOption:
-        if (keep, transient) not in self.seen:
-            runs = self.recompute.runs(keep, transient)
-            self.seen[(keep, transient)] = _option(self.recompute.dag, runs)
-        return self.seen[(keep, transient)]
-
-    def moves(self, state: _State) -> list[tuple[frozenset[int], frozenset[int]]]:
-        """Drop a kept value (recomputed when the backward first needs it, then held until
-        its last read), or make a kept or recomputed value transient (recomputed for each
-        backward op that reads it, freed in between)."""
-        dag, nf = self.recompute.dag, self.recompute.dag.n_forward
-        keep, transient, current = state
-        recomputed = {v for i in current.runs[nf:] if i < nf for v in dag.ops[i].outputs}
-        out = [(keep - {v}, transient) for v in sorted(keep)]
-        out += [
-            (keep, transient | {v})
-            for v in sorted((recomputed | keep) - transient)
-            if dag.sizes.get(v, 0) > 0
-        ]
-        return out
-
-    def run(self, start: _State) -> list[_LocalOption]:
-        """One beam per weight; every state a beam holds is an option."""
-        return [option for weight in WEIGHTS for *_, option in self.beam(start, weight)]
-
-    def beam(self, start: _State, weight: float) -> list[_State]:
-        """Apply one more move per step; keep the BEAM children that add the least time
-        per byte they free (bytes counted with `weight`), until no move frees any."""
-        dag, measure = self.recompute.dag, _weighted(weight)
-        beam, found = [start], []
-        while beam:
-            children: dict[tuple, tuple[float, _State]] = {}
-            for parent in beam:
-                before = (_total_time(parent[2]), measure(dag, parent[2]))
-                for k, t in self.moves(parent):
-                    option = self.option(k, t)
-                    freed = before[1] - measure(dag, option)
-                    if freed > 0:
-                        ratio = (_total_time(option) - before[0]) / freed
-                        if ratio < children.get((k, t), (float("inf"),))[0]:
-                            children[(k, t)] = (ratio, (k, t, option))
-            ranked = sorted(children.values(), key=lambda c: c[0])
-            beam = [state for _, state in ranked[:BEAM]]
-            found += beam
-        return found
-
-
-def _kept_bytes(dag: Dag, option: _LocalOption) -> int:
-    return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
-
-
-def _weighted(weight: float) -> Callable[[Dag, _LocalOption], float]:
-    """Kept bytes plus `weight` times the backward's peak above them."""
-
-    def measure(dag: Dag, option: _LocalOption) -> float:
-        stats = option.stats
-        return _kept_bytes(dag, option) + weight * max(
-            0, stats.backward_peak - stats.backward_start
-        )
-
-    return measure
-
-
-def _total_time(option: _LocalOption) -> float:
-    return option.stats.forward_time + option.stats.backward_time
-
-
-@dataclass
-class _Recompute:
-    """Run lists for keep sets: the forward once, then each backward op with the recomputes
-    it needs just before it (recursively from what is available).
-
-    A dropped value, once recomputed, stays available for later backward ops, unless it is
-    transient: then it is recomputed for each backward op that reads it (a kept transient
-    value is used from the forward once, then recomputed too). A recomputed value that the
-    backward does not read itself is only held for the dropped values computed from it (QKV's
-    output for q, k and v): when those are no bigger and can be computed now, they are, so it
-    can go at once instead of when the last of them is needed.
-    """
-
-    dag: Dag
-
-    def __post_init__(self) -> None:
-        dag, nf = self.dag, self.dag.n_forward
-        # forward value -> position of its op
-        self.producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
-        # an op that produces a step output (the loss) must not run twice: keep all it produces
-        self.pinned = frozenset(
-            v for op in dag.ops[:nf] if set(op.outputs) & dag.final for v in op.outputs
-        )
-        self.readers: dict[int, list[int]] = {}  # value -> forward values computed from it
-        for v, f in self.producer.items():
-            for u in dag.ops[f].inputs:
-                self.readers.setdefault(u, []).append(v)
-        self.later: list[frozenset[int]] = [frozenset()] * (len(dag.ops) + 1)
-        for i in range(len(dag.ops) - 1, nf - 1, -1):  # forward values ops i.. read
-            self.later[i] = self.later[i + 1] | {v for v in dag.ops[i].inputs if v in self.producer}
-
-    def runs(self, keep: frozenset[int], transient: frozenset[int] = frozenset()) -> list[int]:
-        dag, producer, sizes = self.dag, self.producer, self.dag.sizes
-        nf = dag.n_forward
-        runs = list(range(nf))
-        available = set(keep) | dag.held | self.pinned
-        scratch: set[int] = set()  # transient values, available to this backward op only
-        pending: set[int] = set()  # values whose inputs are being recomputed
-
-        def ready(v: int) -> bool:
-            return all(u in available or u not in producer for u in dag.ops[producer[v]].inputs)
-
-        def ensure(v: int, later: frozenset[int]) -> None:
-            if v in available or v in scratch or v in pending or v not in producer:
-                return
-            op = dag.ops[producer[v]]
-            pending.update(op.outputs)
-            for u in op.inputs:
-                ensure(u, later)
-            pending.difference_update(op.outputs)
-            runs.append(producer[v])
-            for u in op.outputs:
-                (scratch if u in transient else available).add(u)
-            for u in op.outputs:
-                if u not in available or u in later:
-                    continue
-                kids = [
-                    w
-                    for w in self.readers.get(u, ())
-                    if w not in available and w not in pending and w in later
-                ]
-                if kids and all(map(ready, kids)):
-                    if sum(sizes.get(w, 0) for w in kids) <= sizes.get(u, 0):
-                        for w in kids:
-                            ensure(w, later)
-
-        for i in range(nf, len(dag.ops)):
-            start = len(runs)
-            for v in dag.ops[i].inputs:
-                ensure(v, self.later[i + 1])
-            scratch.clear()
-            runs.append(i)
-            read = {u for r in runs[start:] for u in dag.ops[r].inputs}
-            available -= transient & read  # kept transient values: recomputed next time
-            available.update(dag.ops[i].outputs)
-        return runs
-
-
-def _pareto(dag: Dag, options: list[_LocalOption]) -> list[_LocalOption]:
-    def figures(o: _LocalOption) -> tuple:
+def _pareto(dag: Dag, options: list[Simulated]) -> list[Simulated]:
+    def figures(o: Simulated) -> tuple:
         s = o.stats
-        return (_total_time(o), _kept_bytes(dag, o), s.forward_peak, s.backward_peak)
+        return (o.time, kept_bytes(dag, o), s.forward_peak, s.backward_peak)
 
     scored = sorted({figures(o): o for o in options}.items())
-    out: list[_LocalOption] = []
+    out: list[Simulated] = []
     kept_figs: list[tuple] = []
     for fig, o in scored:
         if not any(all(a <= b for a, b in zip(k, fig)) for k in kept_figs):
