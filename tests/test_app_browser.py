@@ -159,6 +159,11 @@ def test_step_through_moves_the_highlight(ready):
     )
     first = page.inner_text(f"#{ids.STEP_WHY}")
     assert "block" in first
+    # the step text and the timeline's marker are separate updates: wait for the marker too
+    page.wait_for_function(
+        "() => { const g = document.querySelector('#timeline .js-plotly-plot');"
+        " const m = g && g.data.find(t => t.meta === 'marker'); return m && m.x.length > 0; }"
+    )
     marker = trace(figure(page), "marker")["x"]
     for _ in range(3):
         page.click(f"#{ids.STEP_NEXT}")
