@@ -14,6 +14,7 @@ from functools import partial
 import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
+from core.errors import fmt_bytes
 from core.solvers import available_methods
 from core.tradeoff import minimum_budget
 
@@ -138,35 +139,12 @@ class Studio:
 # ------------------------------------------------------------------ reading a plan back
 
 
-def live_after(problem, plan, upto: int) -> set[int]:
-    """Values (storages) alive after program step `upto` (-1: before the first)."""
-    graph = problem.graph
-    live = {v.index for v in graph.values if v.is_placeholder and v.kind != "tangent"}
-    for kind, target in plan.program[: upto + 1]:
-        if kind == "run":
-            live.update(graph.ops[target].outputs)
-        else:
-            live.discard(target)
-    return live
-
-
 def op_fates(problem, plan) -> dict[str, list[int]]:
-    """Each forward op by what the plan does with its results: kept until the backward,
-    recomputed in the backward, or freed (the backward never needs them)."""
-    graph = problem.graph
-    runs: dict[int, int] = {}
-    for kind, target in plan.program:
-        if kind == "run":
-            runs[target] = runs.get(target, 0) + 1
-    live = live_after(problem, plan, plan.backward_start - 1)
+    """Forward ops grouped by the simulator's fate: kept until the backward, recomputed in
+    the backward, or freed (the backward never needs them)."""
     fates: dict[str, list[int]] = {"kept": [], "recomputed": [], "freed": []}
-    for o in graph.forward_ops:
-        if runs.get(o, 0) > 1:
-            fates["recomputed"].append(o)
-        elif any(v in live for v in graph.ops[o].outputs):
-            fates["kept"].append(o)
-        else:
-            fates["freed"].append(o)
+    for o, fate in plan.simulate().fates().items():
+        fates[fate].append(o)
     return fates
 
 
@@ -175,7 +153,8 @@ def step_view(problem, plan, i: int) -> dict:
     ops whose results are alive, the block, and one sentence saying why the step happens."""
     graph = problem.graph
     kind, target = plan.program[i]
-    live = live_after(problem, plan, i)
+    sim = plan.simulate()
+    live = sim.live_after(i)
     fwd_producers = {
         graph.values[v].producer
         for v in live
@@ -183,13 +162,13 @@ def step_view(problem, plan, i: int) -> dict:
         and graph.ops[graph.values[v].producer].phase == "forward"
     }
     blocks = problem.blocks
-    step = plan.timeline[i]
+    step = sim.timeline[i]
     block = step.block
     bname = blocks[block].name if 0 <= block < len(blocks) else ""
     running: list[int] = []
     if kind == "run":
         op = graph.ops[target]
-        ran_before = any(k == "run" and t == target for k, t in plan.program[:i])
+        ran_before = step.recompute
         if op.phase == "forward":
             running = [target]
         else:  # a backward op: highlight the forward ops whose results it reads
@@ -206,11 +185,9 @@ def step_view(problem, plan, i: int) -> dict:
                 f"forward to save memory."
             )
         elif i < plan.backward_start:
-            outs = op.outputs
-            kept = any(v in live_after(problem, plan, plan.backward_start - 1) for v in outs)
             fate = (
                 "kept until the backward needs it"
-                if kept
+                if sim.fates()[target] == "kept"
                 else "freed after its last use in the forward"
             )
             why = (
@@ -224,7 +201,7 @@ def step_view(problem, plan, i: int) -> dict:
             )
     else:
         value = graph.values[target]
-        later = any(k == "run" and target in graph.ops[t].outputs for k, t in plan.program[i + 1 :])
+        later = any(start > i for start, _ in sim.intervals[target])
         why = f"Free {value.name} ({value.kind}, {_fmt(value.nbytes)}): no step needs it until " + (
             "it is recomputed later." if later else "the end of the step."
         )
@@ -244,8 +221,6 @@ def _bytes(op, graph) -> str:
 
 
 def _fmt(n: float) -> str:
-    from core.errors import fmt_bytes
-
     return fmt_bytes(n)
 
 

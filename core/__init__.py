@@ -1,10 +1,9 @@
 """Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
 
 from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
-from core.plan_io import load_plan
 from core.problem import Problem, analyze
 from core.runtime import apply_plan
-from core.schedule import Plan
+from core.schedule import Plan, load_plan
 from core.solvers import parse_budget, solve
 from core.tradeoff import tradeoff
 

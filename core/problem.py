@@ -2,89 +2,65 @@
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
+from core import costs as cost_models
 from core.blocks import Block, find_blocks
 from core.graph import Graph, build_graph
-from core.trace import capture
-
-if TYPE_CHECKING:
-    from core.schedule import Plan
+from core.simulator import simulate, store_all_program
+from core.trace import capture, fingerprint, graph_meta
 
 Progress = Callable[[str, float], None]  # (stage description, fraction done)
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity: solvers memoise per problem
 class Problem:
-    """A traced training step with op costs and its chain of blocks."""
+    """A traced training step with op costs, its chain of blocks and its store-all figures."""
 
     graph: Graph
     blocks: list[Block]
     block_of_op: list[int]
     cost_model: str  # "estimated:<device>" or "measured:<device>"
     fingerprint: str
+    graph_meta: dict[str, Any]  # what a plan file records to say what differs on a mismatch
+    store_all_peak: int  # bytes: peak of one plain forward+backward beyond params and inputs
+    store_all_time: float  # seconds: every op once
     name: str = "model"
-    cache: dict = field(default_factory=dict, repr=False)  # solver tables, keyed by solver
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
 
-    @cached_property
-    def graph_meta(self) -> dict:
-        return graph_meta(self.graph.trace)
-
-    @cached_property
-    def store_all_plan(self) -> Plan:
-        """Plain PyTorch: every op once, in order, each value freed after its last use."""
-        from core.schedule import plan_from_runs
-
-        ops = self.graph.ops
-        runs = [o.index for o in ops if o.phase == "forward"] + [
-            o.index for o in ops if o.phase == "backward"
-        ]
-        n_fwd = len(self.graph.forward_ops)
-        return plan_from_runs(self, runs, n_fwd, "store_all", 0)
-
     @property
-    def store_all_peak(self) -> int:
-        """Bytes: peak of one plain forward+backward beyond parameters and inputs."""
-        return self.store_all_plan.predicted_peak
-
-    @property
-    def store_all_time(self) -> float:
-        return sum(op.time for op in self.graph.ops)
-
-    @cached_property
     def param_bytes(self) -> int:
         return sum(v.nbytes for v in self.graph.values if v.kind in ("param", "state"))
 
-    @cached_property
+    @property
     def input_bytes(self) -> int:
         return sum(v.nbytes for v in self.graph.values if v.kind == "input")
 
-    def describe_difference(self, plan: Plan) -> str:
-        """Say what differs between this problem's graph and the one a plan was made for."""
-        meta = plan.graph_meta
-        trace = self.graph.trace
-        mine = graph_meta(trace)
-        for key, what in (
-            ("params", "parameters"),
-            ("inputs", "input shapes or dtypes"),
-            ("state", "buffers"),
-        ):
-            if key in meta and meta[key] != mine[key]:
-                return f"{what} differ: plan has {_diff(meta[key], mine[key])}"
-        if meta.get("n_nodes") not in (None, mine["n_nodes"]):
-            return (
-                f"the traced graph has {mine['n_nodes']} ATen ops, the plan's had {meta['n_nodes']}"
-            )
-        return "the traced operations differ (same shapes, different model code)"
+
+def per_problem(fn: Callable[Concatenate[Problem, P], T]) -> Callable[Concatenate[Problem, P], T]:
+    """Memoise `fn(problem, ...)` per problem (by identity) and per other arguments; the
+    memo goes with the problem. Solvers keep their tables this way, typed by `fn`, instead
+    of in a bag on the problem."""
+    memo: weakref.WeakKeyDictionary[Problem, dict[Hashable, T]] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(fn)
+    def memoised(problem: Problem, *args: P.args, **kwargs: P.kwargs) -> T:
+        table = memo.setdefault(problem, {})
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in table:
+            table[key] = fn(problem, *args, **kwargs)
+        return table[key]
+
+    return memoised
 
 
 def analyze(
@@ -100,8 +76,6 @@ def analyze(
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors here, 1 thread, median).
     """
-    from core import costs as cost_models
-
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
     trace = capture(model, example_inputs)
@@ -119,41 +93,22 @@ def analyze(
         raise ValueError(f"unknown cost model {costs!r}: use 'estimated' or 'measured'")
     report("blocks", 0.9)
     blocks, block_of_op = find_blocks(graph)
+    store_all = simulate(graph, block_of_op, *store_all_program(graph))
     report("done", 1.0)
-    problem = Problem(graph, blocks, block_of_op, cost_name, fingerprint(trace), name)
-    problem.model_ref = weakref.ref(model)
-    return problem
-
-
-def graph_meta(trace) -> dict:
-    """What a plan file records about its graph, to say what differs on a mismatch."""
-    return {
-        "params": [[n, str(s)] for n, s in zip(trace.param_names, trace.param_specs)],
-        "state": list(trace.state_names),
-        "inputs": [
-            [list(s.shape), s.dtype, i in trace.grad_inputs]
-            for i, s in enumerate(trace.input_specs)
-        ],
-        "n_nodes": len(trace.nodes),
-    }
-
-
-def fingerprint(trace) -> str:
-    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step."""
-    h = hashlib.sha256()
-    h.update(repr(graph_meta(trace)).encode())
-    for n in trace.nodes:
-        h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
-    return h.hexdigest()[:32]
+    return Problem(
+        graph,
+        blocks,
+        block_of_op,
+        cost_name,
+        fingerprint(trace),
+        graph_meta(trace),
+        store_all.peak,
+        sum(op.time for op in graph.ops),
+        name,
+        weakref.ref(model),
+    )
 
 
 def _device_name(model: nn.Module) -> str:
     p = next(iter(model.parameters()), None)
     return str(p.device) if p is not None else "cpu"
-
-
-def _diff(theirs: list, mine: list) -> str:
-    for i, (a, b) in enumerate(zip(theirs, mine)):
-        if a != b:
-            return f"{a} where the model has {b} (entry {i})"
-    return f"{len(theirs)} entries where the model has {len(mine)}"

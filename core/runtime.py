@@ -24,8 +24,16 @@ from torch import nn
 from core.errors import PlanMismatch
 from core.graph import Graph, build_graph
 from core.interpret import Call, binding, compile_node
-from core.schedule import FREE, Plan
-from core.trace import TensorSpec, capture, unflatten_output
+from core.schedule import Plan
+from core.simulator import FREE
+from core.trace import (
+    TensorSpec,
+    aliases_schema_write,
+    capture,
+    fingerprint,
+    undeclared_writes,
+    unflatten_output,
+)
 
 # how a node runs: normally, replaying its random state, on copies of the state it writes, or not
 _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
@@ -239,8 +247,6 @@ def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
         for shape, dtype, requires_grad in plan.graph_meta["inputs"]
     ]
     graph = build_graph(capture(model, example))
-    from core.problem import fingerprint
-
     if fingerprint(graph.trace) != plan.fingerprint:
         raise PlanMismatch(
             "the model's traced operations differ from the plan's (same parameter shapes, "
@@ -302,8 +308,6 @@ def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Keep a recompute from updating model state again: batch-norm's running statistics
     (optional, unread in training mode) are passed as None, so nothing is allocated; other
     state an op writes in place is replaced by a copy."""
-    from core.trace import aliases_schema_write, undeclared_writes
-
     args = list(args)
     kwargs = dict(kwargs)
     for pos, _name in undeclared_writes(node.target, args):

@@ -11,6 +11,8 @@ from unittest import mock
 from core.errors import InfeasibleBudget
 from core.problem import Problem
 from core.schedule import Plan
+from core.solvers import solve
+from core.solvers.rotor import chain_minimum
 
 CHAIN_METHODS = ("rotor", "rockmate")
 
@@ -25,11 +27,7 @@ class TradeoffPoint:
 def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
     """The smallest budget (bytes) `method` can meet on this problem."""
     if method in CHAIN_METHODS:
-        from core.solvers.rotor import minimum_budget as chain_minimum
-
-        return chain_minimum(problem, method)
-    from core.solvers import solve
-
+        return chain_minimum(problem, method == "rockmate")
     try:
         return solve(problem, 1, method).predicted_peak
     except InfeasibleBudget as e:
@@ -39,8 +37,6 @@ def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
 def tradeoff(problem: Problem, method: str = "rockmate", points: int = 24) -> list[TradeoffPoint]:
     """Evenly spaced budgets from the method's minimum to the store-all peak; at each, the
     fastest plan found at or below it, so the predicted time never rises with the budget."""
-    from core.solvers import solve
-
     low, high = minimum_budget(problem, method), problem.store_all_peak
     budgets = sorted({low + (high - low) * i // max(points - 1, 1) for i in range(points)})
     out: list[TradeoffPoint] = []
@@ -167,8 +163,6 @@ def _reference(plan: Plan, bound: float | None) -> str:
 
 def _new_budget_ms(problem: Problem) -> float:
     """Median milliseconds to solve 11 budgets spread over the feasible range."""
-    from core.solvers import solve
-
     times = []
     low = minimum_budget(problem, "rockmate")
     for i in range(11):

@@ -1,16 +1,18 @@
 """Plan files: plain data, a loader that never runs code, clear errors for bad files."""
 
 import pickle
-import time
 
 import pytest
 import torch
 from helpers import assert_same_grads, fresh, measured_step
 
 import core
+import core.simulator
+import core.solvers.checkmate
+import core.solvers.checkpoint_blocks
+import core.solvers.rotor
 from core.errors import PlanFileError
-from core.plan_io import VERSION, plan_to_data
-from core.trace import capture
+from core.plan_io import VERSION
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def test_round_trip_applies_and_matches(tmp_path, gpt_tiny_plan):
     _, _, want = measured_step(model, inputs)
     peak, _, got = measured_step(model, inputs, run=core.apply_plan(model, loaded))
     assert_same_grads(got, want)
-    assert peak == pytest.approx(gpt_tiny_plan.predicted_peak, rel=0.05)
+    assert peak == gpt_tiny_plan.predicted_peak + 4  # the scalar seed of loss.backward()
 
 
 def test_file_holds_plain_data_only(tmp_path, gpt_tiny_plan):
@@ -65,7 +67,7 @@ def test_another_programs_pickle(tmp_path):
 
 
 def test_newer_version(tmp_path, gpt_tiny_plan):
-    data = plan_to_data(gpt_tiny_plan)
+    data = gpt_tiny_plan.to_data()
     data["version"] = VERSION + 1
     path = tmp_path / "plan.pkl"
     path.write_bytes(pickle.dumps(data))
@@ -90,18 +92,19 @@ def test_hostile_pickle_never_runs(tmp_path):
     assert not victim.exists()
 
 
-def test_load_and_apply_gpt2_small_is_fast(tmp_path):
-    """Loading and applying a saved plan does not re-solve: under 2 s beyond the trace."""
-    preset = __import__("sample_models").REGISTRY["gpt2-small"]
-    with torch.device("meta"):
-        model, inputs = preset.make_model(), preset.make_inputs()
-    plan = core.solve(core.analyze(model, inputs), 0.5, method="checkpoint_blocks")
+def test_load_and_apply_never_solves_or_simulates(tmp_path, gpt_tiny_plan, monkeypatch):
+    """Loading and applying a saved plan retraces the model and nothing more: no analysis,
+    no solver, no simulation (each of them fails here if called)."""
     path = tmp_path / "plan.pkl"
-    plan.save(path)
-    traced = time.perf_counter()
-    capture(model, inputs)  # what apply_plan spends on the trace itself
-    trace_seconds = time.perf_counter() - traced
-    start = time.perf_counter()
-    core.apply_plan(model, core.load_plan(path))
-    total = time.perf_counter() - start
-    assert total - trace_seconds < 2.0, (total, trace_seconds)
+    gpt_tiny_plan.save(path)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("apply_plan of a loaded plan must not plan again")
+
+    for module, name in ((core.problem, "analyze"), (core.simulator, "walk")):
+        monkeypatch.setattr(module, name, forbidden)
+    for module in (core.solvers.rotor, core.solvers.checkpoint_blocks, core.solvers.checkmate):
+        monkeypatch.setattr(module, "solve", forbidden)
+    model, _ = fresh("gpt-tiny")
+    planned = core.apply_plan(model, core.load_plan(path))
+    assert planned.plan.program == gpt_tiny_plan.program

@@ -7,7 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.solvers.checkmate import Dag, DagOp, solve_ilp
+from core.simulator import Dag, DagOp
+from core.solvers.checkmate import solve_ilp
 from core.solvers.options import BlockOption, ChainBlock
 from core.solvers.rotor import compute_table
 
@@ -262,7 +263,7 @@ def test_keep_set_options_are_valid_schedules(case):
     """Every option the beam search returns runs the forward once and each backward op once
     in order, recomputes only what is missing (simulate_runs raises on a missing input), is
     never faster than store-all, and the least-kept search drops everything droppable."""
-    from core.solvers.checkmate import kept_bytes, simulated
+    from core.simulator import kept_bytes, simulated
     from core.solvers.keep_sets import keep_set_options
 
     dag, _ = case

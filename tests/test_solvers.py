@@ -120,7 +120,7 @@ def test_whole_graph_ilp_reports_a_real_minimum():
 def test_transient_values_are_recomputed_per_reader_and_freed_between():
     """A dropped value read by two backward ops: held between them by default, recomputed
     for each reader when transient, which lowers the peak while a big temporary is live."""
-    from core.solvers.checkmate import Dag, DagOp, simulated
+    from core.simulator import Dag, DagOp, simulated
     from core.solvers.keep_sets import Recompute
 
     ops = [

@@ -9,7 +9,7 @@ gap in a minute (see DESIGN.md). This form keeps what matters for a forward+back
   and stage says whether a copy is carried into the stage;
 - memory is checked by one conservative row per forward op and per stage: everything stored or
   recomputed in the stage counts at once, with the backward values live during that stage.
-The solution becomes op runs; `simulate_runs` (and the plan simulator) give the exact figures,
+The solution becomes op runs; the simulator (`core.simulator`) gives the exact figures,
 which are never above the rows. The core works on any `Dag`, so tests can compare it with
 brute force on small random graphs; `solve` runs it on a whole model (the reference optimum
 for small models) and `core.solvers.options` on one block at a time.
@@ -19,57 +19,16 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulp
 
 from core.errors import InfeasibleBudget
-from core.problem import Problem
+from core.problem import Problem, per_problem
 from core.schedule import Plan, plan_from_runs
+from core.simulator import Dag, graph_dag
 
 DEFAULT_SOLVER = os.environ.get("REMAT_ILP_SOLVER", "highs")
-
-
-@dataclass(frozen=True)
-class DagOp:
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    time: float
-    backward: bool
-
-
-@dataclass
-class Dag:
-    """Ops over values: forward ops first in run order, then backward ops in run order.
-
-    Values missing from `sizes` are external (parameters, inputs, values owned by someone
-    else): always available, never counted. `arriving` values (gradients from later blocks)
-    become live when the backward starts; `final` values must be live at the end.
-    """
-
-    ops: list[DagOp]
-    sizes: dict[int, int]
-    arriving: frozenset[int] = frozenset()
-    final: frozenset[int] = frozenset()
-    held: frozenset[int] = frozenset()  # forward values live until the forward ends (outputs)
-    order: list[int] = field(default_factory=list)  # position -> op index in the graph
-
-    @property
-    def n_forward(self) -> int:
-        return sum(not op.backward for op in self.ops)
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """Exact memory of a sequence of runs under free-after-last-read."""
-
-    forward_peak: int  # most bytes live during the forward runs
-    kept: frozenset[int]  # values live when the forward ends
-    backward_start: int  # bytes live when the backward starts (kept + arriving)
-    backward_peak: int  # most bytes live during the backward runs
-    forward_time: float
-    backward_time: float
 
 
 @dataclass
@@ -79,86 +38,6 @@ class IlpResult:
     optimal: bool
     status: str = field(default="")
     bound: float | None = None  # HiGHS's lower bound on the objective (None from CBC)
-
-
-def simulate_runs(dag: Dag, runs: list[int], n_forward: int) -> RunStats:
-    """Walk the runs, freeing each value right after its last read before it is produced
-    again, as `core.schedule.plan_from_runs` does; raise ValueError if a run misses an input."""
-    ops, sizes = dag.ops, dag.sizes
-    last_read: dict[int, int] = {}
-    free_at: dict[int, list[int]] = {}
-    produced: dict[int, int] = {}
-
-    def retire(v: int) -> None:
-        pos = last_read.pop(v, produced[v])
-        if v in dag.held:
-            pos = max(pos, n_forward - 1)
-        free_at.setdefault(pos, []).append(v)
-
-    for pos, o in enumerate(runs):
-        for v in ops[o].inputs:
-            if v in produced or v in dag.arriving:
-                last_read[v] = pos
-        for v in ops[o].outputs:
-            if v in produced:
-                retire(v)
-            produced[v] = pos
-    for v in dag.arriving:
-        free_at.setdefault(max(last_read.pop(v, n_forward), n_forward), []).append(v)
-    for v in list(produced):
-        if v not in dag.final:
-            retire(v)
-
-    live: set[int] = set()
-    now = f_peak = b_peak = b_start = 0
-    f_time = b_time = 0.0
-    kept: frozenset[int] = frozenset()
-    for pos, o in enumerate(runs):
-        if pos == n_forward:
-            kept = frozenset(live)
-            live |= dag.arriving
-            now += sum(sizes.get(v, 0) for v in dag.arriving)
-            b_start = now
-        op = ops[o]
-        missing = [v for v in op.inputs if v in sizes and v not in live]
-        if missing:
-            raise ValueError(f"run {pos} (op {o}) reads {missing}, not live")
-        for v in op.outputs:
-            live.add(v)
-            now += sizes.get(v, 0)
-        if pos < n_forward:
-            f_peak, f_time = max(f_peak, now), f_time + op.time
-        else:
-            b_peak, b_time = max(b_peak, now), b_time + op.time
-        for v in free_at.get(pos, ()):
-            live.discard(v)
-            now -= sizes.get(v, 0)
-    if n_forward >= len(runs):
-        kept = frozenset(live)
-        b_start = now + sum(sizes.get(v, 0) for v in dag.arriving)
-    return RunStats(f_peak, kept, b_start, max(b_peak, b_start), f_time, b_time)
-
-
-@dataclass(frozen=True)
-class Simulated:
-    """A run list over a Dag (op positions, its forward first) with its exact figures."""
-
-    runs: tuple[int, ...]
-    stats: RunStats
-
-    @property
-    def time(self) -> float:
-        return self.stats.forward_time + self.stats.backward_time
-
-
-def simulated(dag: Dag, runs: Sequence[int]) -> Simulated:
-    """`simulate_runs` on the Dag's forward split; ValueError when a run misses an input."""
-    return Simulated(tuple(runs), simulate_runs(dag, list(runs), dag.n_forward))
-
-
-def kept_bytes(dag: Dag, option: Simulated) -> int:
-    """Bytes the forward leaves live for the backward."""
-    return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
 
 
 def _closure(dag: Dag, values: set[int], producer: dict[int, int]) -> set[int]:
@@ -296,18 +175,6 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit: float) -> str:
     return pulp.LpStatus[prob.status]
 
 
-def graph_dag(problem: Problem) -> Dag:
-    """The whole traced step as a Dag (placeholders external, final values required)."""
-    graph = problem.graph
-    ops = [DagOp(op.inputs, op.outputs, op.time, op.phase == "backward") for op in graph.ops]
-    order = graph.forward_ops + graph.backward_ops
-    sizes = {v.index: v.nbytes for v in graph.values if not v.is_placeholder}
-    outs = {v for v in graph.final_values if graph.ops[graph.values[v].producer].phase == "forward"}
-    return Dag(
-        [ops[o] for o in order], sizes, final=graph.final_values, held=frozenset(outs), order=order
-    )
-
-
 def solve(
     problem: Problem,
     budget: int,
@@ -329,29 +196,25 @@ def solve_with_bound(
     unknown: CBC, or a tightened budget whose bound does not hold at `budget`)."""
     found = _whole_graph(problem, budget, solver, time_limit)
     if found is None:
-        raise InfeasibleBudget(budget, minimum_budget(problem, solver), "checkmate")
+        raise InfeasibleBudget(budget, ilp_minimum(problem, solver), "checkmate")
     return found
 
 
-def minimum_budget(
-    problem: Problem, solver: str = DEFAULT_SOLVER, probe_seconds: float = 2.0
-) -> int:
-    """The smallest budget asked at which the ILP finds a schedule, to 1% of the store-all
-    peak: bisection with `probe_seconds` per try (at most 8 tries), cached on the problem."""
-    key = ("checkmate-minimum", solver)
-    if key not in problem.cache:
-        peak = problem.store_all_peak
-        low, high = 0, peak  # high: store-all always fits
-        for _ in range(8):
-            if high - low <= peak // 100:
-                break
-            mid = (low + high) // 2
-            if _whole_graph(problem, mid, solver, probe_seconds) is None:
-                low = mid
-            else:
-                high = mid  # the budget asked, which the ILP can meet again
-        problem.cache[key] = high
-    return problem.cache[key]
+@per_problem
+def ilp_minimum(problem: Problem, solver: str = DEFAULT_SOLVER, probe_seconds: float = 2.0) -> int:
+    """The smallest budget asked at which the whole-graph ILP finds a schedule, to 1% of the
+    store-all peak: bisection with `probe_seconds` per try (at most 8 tries), memoised."""
+    peak = problem.store_all_peak
+    low, high = 0, peak  # high: store-all always fits
+    for _ in range(8):
+        if high - low <= peak // 100:
+            break
+        mid = (low + high) // 2
+        if _whole_graph(problem, mid, solver, probe_seconds) is None:
+            low = mid
+        else:
+            high = mid  # the budget asked, which the ILP can meet again
+    return high
 
 
 def _whole_graph(
@@ -360,7 +223,7 @@ def _whole_graph(
     """A plan within `budget` from the whole-graph ILP, tightening the ILP's budget when the
     simulator finds its conservative rows still too loose, with the overhead bound (see
     `solve_with_bound`); None when it finds nothing."""
-    dag = graph_dag(problem)
+    dag = graph_dag(problem.graph)
     n_fwd = dag.n_forward
     target = budget
     for _ in range(8):

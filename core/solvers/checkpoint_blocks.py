@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from core.errors import InfeasibleBudget
 from core.problem import Problem
-from core.schedule import Plan, plan_from_runs, runs_keeping
+from core.schedule import Plan, plan_from_runs
+from core.simulator import graph_dag
+from core.solvers.keep_sets import Recompute
 
 
 def checkpointed_plan(problem: Problem, checkpoints: list[int], method: str, budget: int) -> Plan:
@@ -16,8 +18,10 @@ def checkpointed_plan(problem: Problem, checkpoints: list[int], method: str, bud
     blocks = problem.blocks
     keep = {blocks[b].output_value for b in checkpoints if blocks[b].output_value is not None}
     keep |= {v for o in blocks[-1].forward_ops for v in problem.graph.ops[o].outputs}
-    runs, n_forward = runs_keeping(problem, keep)
-    plan = plan_from_runs(problem, runs, n_forward, method, budget)
+    dag = graph_dag(problem.graph)
+    kept = frozenset(v for v in keep if v in dag.sizes)
+    runs = [dag.order[i] for i in Recompute(dag).runs(kept)]
+    plan = plan_from_runs(problem, runs, dag.n_forward, method, budget)
     if plan.predicted_peak > budget:
         raise InfeasibleBudget(budget, plan.predicted_peak, method)
     return plan

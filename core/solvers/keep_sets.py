@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.solvers.checkmate import Dag, Simulated, kept_bytes, simulated
+from core.simulator import Dag, Simulated, kept_bytes, simulated
 
 
 def keep_set_options(dag: Dag, full: Simulated) -> list[Simulated]:
@@ -99,7 +99,9 @@ def _weighted(weight: float) -> Callable[[Dag, Simulated], float]:
 
     def measure(dag: Dag, option: Simulated) -> float:
         stats = option.stats
-        return kept_bytes(dag, option) + weight * max(0, stats.backward_peak - stats.backward_start)
+        return kept_bytes(dag, option) + weight * max(
+            0, stats.backward_peak - stats.backward_start_bytes
+        )
 
     return measure
 

@@ -11,8 +11,8 @@ An option of block j is a pair of run lists over the block's ops: its forward (a
 in order) and its backward (the stage's ops with the recomputes the block ILP or the keep-set
 search chose). Each is simulated with `simulate_runs` under the same free-after-last-read
 rule as `plan_from_runs`, so its figures are exact for the block; options are cached per
-block shape (which covers the cost model: op times are part of it) in `problem.cache` and
-on disk.
+block shape (which covers the cost model: op times are part of it) in memory and on disk,
+keyed by a hash of the code that computes them; the chain is memoised per problem.
 """
 
 from __future__ import annotations
@@ -20,26 +20,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.problem import Problem
-from core.solvers.checkmate import (
-    DEFAULT_SOLVER,
-    Dag,
-    DagOp,
-    Simulated,
-    kept_bytes,
-    simulate_runs,
-    simulated,
-    solve_ilp,
-)
+import pulp
+
+from core import simulator
+from core.problem import Problem, per_problem
+from core.simulator import Dag, DagOp, InvalidPlan, Simulated, kept_bytes, simulate_runs, simulated
+from core.solvers import checkmate, keep_sets
+from core.solvers.checkmate import DEFAULT_SOLVER, solve_ilp
 from core.solvers.keep_sets import keep_set_options
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 ILP_SECONDS = 1.0
-_VERSION = 6
-_MEMORY: dict[str, list[BlockOption]] = {}
+MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
+_MEMORY: dict[str, list[tuple[int, ...]]] = {}  # block key -> run lists, least recent first
 
 
 @dataclass(frozen=True)
@@ -86,10 +83,9 @@ class Layout:
     final_forward: int  # bytes of model outputs (live from the forward to the end)
 
 
+@per_problem
 def layout(problem: Problem) -> Layout:
-    """Split the backward into stages and build each block's Dag (cached on the problem)."""
-    if "layout" in problem.cache:
-        return problem.cache["layout"]
+    """Split the backward into stages and build each block's Dag (memoised per problem)."""
     graph, blocks = problem.graph, problem.blocks
     ops, values = graph.ops, graph.values
     n = len(blocks)
@@ -141,17 +137,14 @@ def layout(problem: Problem) -> Layout:
             Dag(dag_ops, sizes, frozenset(arriving[j]), frozenset(final), frozenset(held), order)
         )
     outputs = [values[b.output_value].nbytes if b.output_value is not None else 0 for b in blocks]
-    result = Layout(stage, dags, grads, permanent, outputs, final_forward)
-    problem.cache["layout"] = result
-    return result
+    return Layout(stage, dags, grads, permanent, outputs, final_forward)
 
 
+@per_problem
 def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
     """The chain for Rotor: each block with its store-all option only (`with_options` False,
-    classic Rotor) or with the block ILP's options too (Rockmate)."""
-    key = ("chain", with_options)
-    if key in problem.cache:
-        return problem.cache[key]
+    classic Rotor) or with the block ILP's and keep-set search's options too (Rockmate);
+    memoised per problem."""
     lay = layout(problem)
     out = []
     for j, dag in enumerate(lay.dags):
@@ -159,7 +152,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
         fwd_only = Dag(dag.ops[:nf], dag.sizes, frozenset(), dag.final, dag.held)
         input_value = problem.blocks[j - 1].output_value if j > 0 else None
         stats = simulate_runs(fwd_only, list(range(nf)), nf)
-        options = block_options(problem, dag) if with_options else [simulated(dag, _store_all(dag))]
+        options = block_options(dag) if with_options else [simulated(dag, _store_all(dag))]
         out.append(
             ChainBlock(
                 output=lay.outputs[j],
@@ -171,7 +164,6 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
                 options=[_to_graph(dag, o, lay.outputs[j], input_value) for o in options],
             )
         )
-    problem.cache[key] = out
     return out
 
 
@@ -195,7 +187,7 @@ def _to_graph(
         reads_output,
         reads_input,
         st.backward_time,
-        st.backward_peak - st.backward_start,
+        st.backward_peak - st.backward_start_bytes,
         bool(st.kept),
     )
 
@@ -205,19 +197,21 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-def block_options(problem: Problem, dag: Dag) -> list[Simulated]:
+def block_options(dag: Dag) -> list[Simulated]:
     """Options of one block over the budget grid, dominated ones dropped. The run lists are
-    cached per block shape (memory, problem, disk); figures are simulated for this block."""
+    cached per block shape (in memory, the last MEMORY_ENTRIES shapes, and on disk);
+    figures are simulated for this block."""
     key = _dag_key(dag)
-    mem = problem.cache.setdefault("options", {})
-    if key not in mem:
-        if key not in _MEMORY:
-            _MEMORY[key] = _load(key)
-            if _MEMORY[key] is None:
-                _MEMORY[key] = _compute_options(dag)
-                _save(key, _MEMORY[key])
-        mem[key] = _MEMORY[key]
-    return [simulated(dag, list(runs)) for runs in mem[key]]
+    runs = _MEMORY.pop(key, None)
+    if runs is None:
+        runs = _load(key)
+    if runs is None:
+        runs = _compute_options(dag)
+        _save(key, runs)
+    _MEMORY[key] = runs  # most recently used last
+    while len(_MEMORY) > MEMORY_ENTRIES:
+        _MEMORY.pop(next(iter(_MEMORY)))
+    return [simulated(dag, r) for r in runs]
 
 
 def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
@@ -234,7 +228,7 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
                 break
             try:
                 found.append(simulated(dag, result.runs))
-            except ValueError:
+            except InvalidPlan:
                 continue
     return [o.runs for o in _pareto(dag, found)]
 
@@ -263,7 +257,7 @@ def _dag_key(dag: Dag) -> str:
             return ("x", local.setdefault(v, len(local)))  # external: parameters, inputs
         return ("v", local.setdefault(v, len(local)), dag.sizes[v])
 
-    parts = [(_VERSION, GRID, ILP_SECONDS, DEFAULT_SOLVER)]
+    parts = [(_CODE, GRID, ILP_SECONDS, DEFAULT_SOLVER)]
     for op in dag.ops:
         parts.append((op.backward, f"{op.time:.6e}", [name(v) for v in op.inputs]))
         parts.append([name(v) for v in op.outputs])
@@ -271,6 +265,18 @@ def _dag_key(dag: Dag) -> str:
     parts.append(sorted(name(v) for v in dag.final))
     parts.append(sorted(name(v) for v in dag.held))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def _code_hash() -> str:
+    """Hash of the code that computes options (this module, the ILP, the keep-set search,
+    the simulator) and of PuLP's version: a change to any of them is a new cache key."""
+    h = hashlib.sha256(pulp.__version__.encode())
+    for module in (simulator, checkmate, keep_sets, sys.modules[__name__]):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+_CODE = _code_hash()
 
 
 def _cache_dir() -> Path | None:

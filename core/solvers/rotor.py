@@ -10,7 +10,7 @@ gradients j..t left behind. A one-block sub-chain whose option's backward reads 
 forward leaves (a Linear's weight gradient reads the input only) skips that forward: it can
 only be a recompute, as every block first runs in a sub-chain that ends with the last block.
 Memory is counted in slots (sizes rounded up, budgets down); the table is computed once up
-to the store-all peak and cached on the problem, so a new budget is a table read, the
+to the store-all peak and memoised per problem, so a new budget is a table read, the
 program and one simulation.
 
 Method "rotor" gives each block a single option, keeping everything its backward reads.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import InfeasibleBudget
-from core.problem import Problem
-from core.schedule import Plan, plan_from_runs
+from core.problem import Problem, per_problem
+from core.schedule import Plan, plan_from_runs, store_all_plan
 from core.solvers.options import BlockOption, ChainBlock, chain, layout
 
 SLOTS = 1000
@@ -213,11 +213,8 @@ def runs_of(blocks: list[ChainBlock], seq: list[tuple]) -> tuple[list[int], int]
 def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -> Plan:
     """The least-time chain schedule whose simulated peak fits `budget` (never above it)."""
     if problem.store_all_peak <= budget:  # the DP's rounding must not cost time here
-        base = problem.store_all_plan
-        runs = [o for kind, o in base.program if kind == "run"]
-        n_forward = sum(kind == "run" for kind, _ in base.program[: base.backward_start])
-        return plan_from_runs(problem, runs, n_forward, method, budget)
-    blocks, table = _prepared(problem, method, with_options)
+        return store_all_plan(problem, method, budget)
+    blocks, table = _prepared(problem, with_options)
     fixed = layout(problem).final_forward
     slots = (budget - fixed) // table.slot
     lowest = table.min_slots()
@@ -228,7 +225,7 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
         if plan.predicted_peak <= budget:
             return _loosen(problem, blocks, table, slots, plan, method, budget)
         slots -= max(1, -(-(plan.predicted_peak - budget) // table.slot))
-    minimum = minimum_budget(problem, method)
+    minimum = chain_minimum(problem, with_options)
     if minimum <= budget:
         return _plan_at(problem, blocks, table, lowest, method, budget)
     raise InfeasibleBudget(budget, minimum, method)
@@ -261,17 +258,15 @@ def _loosen(
     return best
 
 
-def minimum_budget(problem: Problem, method: str = "rotor") -> int:
-    """The smallest simulated peak this method reaches."""
-    key = ("minimum", method)
-    if key not in problem.cache:
-        blocks, table = _prepared(problem, method, method != "rotor")
-        lowest = table.min_slots()
-        if lowest is None:
-            raise InfeasibleBudget(0, problem.store_all_peak, method)
-        plan = _plan_at(problem, blocks, table, lowest, method, 0)
-        problem.cache[key] = plan.predicted_peak
-    return problem.cache[key]
+@per_problem
+def chain_minimum(problem: Problem, with_options: bool) -> int:
+    """The smallest simulated peak Rotor (`with_options` False) or Rockmate reaches."""
+    method = "rockmate" if with_options else "rotor"
+    blocks, table = _prepared(problem, with_options)
+    lowest = table.min_slots()
+    if lowest is None:
+        raise InfeasibleBudget(0, problem.store_all_peak, method)
+    return _plan_at(problem, blocks, table, lowest, method, 0).predicted_peak
 
 
 def _plan_at(
@@ -281,13 +276,11 @@ def _plan_at(
     return plan_from_runs(problem, runs, n_forward, method, budget)
 
 
-def _prepared(problem: Problem, method: str, with_options: bool) -> tuple[list[ChainBlock], Table]:
-    key = ("rotor-table", with_options)
-    if key not in problem.cache:
-        blocks = chain(problem, with_options)
-        top = 2 * problem.store_all_peak
-        problem.cache[key] = (blocks, compute_table(blocks, top))
-    return problem.cache[key]
+@per_problem
+def _prepared(problem: Problem, with_options: bool) -> tuple[list[ChainBlock], Table]:
+    """The chain and its table up to twice the store-all peak, memoised per problem."""
+    blocks = chain(problem, with_options)
+    return blocks, compute_table(blocks, 2 * problem.store_all_peak)
 
 
 def solve(problem: Problem, budget: int) -> Plan:

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from core.errors import InfeasibleBudget
 from core.problem import Problem
-from core.schedule import Plan
+from core.schedule import Plan, store_all_plan
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    base = problem.store_all_plan
-    if base.predicted_peak > budget:
-        raise InfeasibleBudget(budget, base.predicted_peak, "store_all")
-    return Plan(
-        list(base.program),
-        base.backward_start,
-        "store_all",
-        budget,
-        base.fingerprint,
-        problem,
-        graph_meta=base.graph_meta,
-    )
+    if problem.store_all_peak > budget:
+        raise InfeasibleBudget(budget, problem.store_all_peak, "store_all")
+    return store_all_plan(problem, "store_all", budget)

@@ -1,0 +1,474 @@
+"""The simulator: the one place that says what a program does to memory, and when.
+
+A program is a list of instructions, plain data: `("run", op)` computes an op (the first
+time, or again: a recompute) and `("free", value)` drops a storage. Instructions before
+`backward_start` run in the forward pass; the rest when `loss.backward()` reaches the model.
+Every consumer reads this module: the plan's timeline (`core.schedule`), the exact figures
+the solvers rank candidates by (a block or a whole graph as a `Dag`), the app's step-through
+(live values and each forward op's fate) and the runtime, which walks the same program.
+
+Each instruction kind has one handler in `walk`; a new kind (an offload, a prefetch on a
+transfer lane) is a new handler there and a new constant here, not a second simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, Protocol
+
+from core.errors import RematError
+from core.graph import Graph
+
+RUN: Literal["run"] = "run"
+FREE: Literal["free"] = "free"
+Instruction = tuple[str, int]
+Fate = Literal["kept", "recomputed", "freed"]
+
+
+class InvalidPlan(RematError, ValueError):
+    """A program that cannot run: an input not live, a double free, a misplaced backward op."""
+
+
+class OpLike(Protocol):
+    """What the simulator reads of an op: graph ops (`core.graph.Op`) and `DagOp`s."""
+
+    @property
+    def inputs(self) -> tuple[int, ...]: ...
+    @property
+    def outputs(self) -> tuple[int, ...]: ...
+    @property
+    def time(self) -> float: ...
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def program_from_runs(
+    ops: Sequence[OpLike],
+    runs: Sequence[int],
+    n_forward: int,
+    final: Iterable[int],
+    held: frozenset[int] = frozenset(),
+    arriving: frozenset[int] = frozenset(),
+) -> tuple[list[Instruction], int]:
+    """The program of a sequence of op runs under free-after-last-read: each value produced
+    by a run is freed right after its last read before it is produced again (or after its
+    producing run when nothing reads it), unless it is `final`. `held` values live at least
+    until the forward ends; `arriving` values (live from the backward's start) are freed
+    after their last read in the backward. Returns the program and its `backward_start`;
+    the first `n_forward` runs are the forward pass."""
+    final = frozenset(final)
+    last_read: dict[int, int] = {}  # value -> run position of its latest read so far
+    produced: dict[int, int] = {}
+    frees_after: dict[int, list[int]] = {}
+
+    def retire(v: int) -> None:
+        pos = last_read.pop(v, produced[v])
+        if v in held:
+            pos = max(pos, n_forward - 1)
+        frees_after.setdefault(pos, []).append(v)
+
+    for pos, o in enumerate(runs):
+        op = ops[o]
+        for v in op.inputs:
+            if v in produced or v in arriving:
+                last_read[v] = pos
+        for v in op.outputs:
+            if v in produced:
+                retire(v)
+            produced[v] = pos
+    for v in arriving:
+        frees_after.setdefault(max(last_read.pop(v, n_forward), n_forward), []).append(v)
+    for v in produced:
+        if v not in final:
+            retire(v)
+
+    program: list[Instruction] = []
+    start = None
+    for pos, o in enumerate(runs):
+        if pos == n_forward:
+            start = len(program)
+        program.append((RUN, o))
+        program.extend((FREE, v) for v in sorted(frees_after.get(pos, ())))
+    return program, len(program) if start is None else start
+
+
+# --------------------------------------------------------------------------- the walker
+
+
+@dataclass
+class Walk:
+    """What walking a program found. Bytes count only the values the memory model sizes."""
+
+    peak: int
+    peak_step: int  # first instruction after which `peak` bytes are live
+    forward_peak: int  # most bytes live after a forward instruction
+    backward_peak: int  # most bytes live from the backward's start on (its start included)
+    backward_start_bytes: int  # live when the backward starts, arriving values included
+    kept: frozenset[int]  # sized values the forward leaves live for the backward
+    forward_time: float
+    backward_time: float
+    recomputed_ops: int
+    # recorded walks only (record=True):
+    columns: list[tuple[int, ...]] = field(default_factory=list)  # live bytes per column, per step
+    intervals: dict[int, list[tuple[int, int]]] = field(
+        default_factory=dict
+    )  # value -> [start, end)
+    op_steps: dict[int, list[int]] = field(default_factory=dict)  # op -> steps that run it
+
+    @property
+    def time(self) -> float:
+        return self.forward_time + self.backward_time
+
+
+def walk(
+    ops: Sequence[OpLike],
+    program: Sequence[Instruction],
+    backward_start: int,
+    sizes: dict[int, int],
+    initial: Iterable[int] = (),
+    arriving: Iterable[int] = (),
+    final: Iterable[int] = (),
+    column: dict[int, int] | None = None,
+    record: bool = False,
+    op_names: Sequence[str] | None = None,
+    value_names: Sequence[str] | None = None,
+) -> Walk:
+    """Walk `program` and return its memory and time. Only values in `sizes` are tracked
+    (others, such as parameters of a block walked alone, are always available and never
+    counted); `initial` values are live from the start, `arriving` ones from the backward's
+    start; `final` ones may not be freed. With `record`, keep
+    live bytes per step split by `column` (value -> column index; all in one column when
+    None), each value's live intervals and the steps that run each op.
+
+    Raises InvalidPlan when an op reads a tracked value that is not live, recomputes a value
+    still live, or a free drops a value not live or final."""
+
+    def op_name(o: int) -> str:
+        return op_names[o] if op_names else f"op {o}"
+
+    def value_name(v: int) -> str:
+        return value_names[v] if value_names else f"value {v}"
+
+    live: set[int] = set(initial)
+    arriving = tuple(arriving)
+    final = frozenset(final)
+    n_columns = 1 + max(column.values(), default=0) if column else 1
+    totals = [0] * n_columns
+    now = f_peak = b_peak = b_start = peak = peak_step = 0
+    f_time = b_time = 0.0
+    recomputed = 0
+    ran: set[int] = set()
+    kept: frozenset[int] | None = None
+    columns: list[tuple[int, ...]] = []
+    opened: dict[int, int] = dict.fromkeys(live, -1) if record else {}
+    intervals: dict[int, list[tuple[int, int]]] = {}
+    op_steps: dict[int, list[int]] = {}
+
+    def add(v: int, step: int) -> int:
+        live.add(v)
+        if record:
+            opened[v] = step
+            totals[column.get(v, 0) if column else 0] += sizes.get(v, 0)
+        return sizes.get(v, 0)
+
+    def drop(v: int, step: int) -> int:
+        live.discard(v)
+        if record:
+            intervals.setdefault(v, []).append((opened.pop(v), step))
+            totals[column.get(v, 0) if column else 0] -= sizes.get(v, 0)
+        return sizes.get(v, 0)
+
+    for i, (kind, target) in enumerate(program):
+        if i == backward_start:
+            kept = frozenset(live)
+            for v in arriving:
+                now += add(v, i - 1)
+            b_start = now
+        if kind == RUN:
+            op = ops[target]
+            for v in op.inputs:
+                if v not in live and v in sizes:
+                    raise InvalidPlan(
+                        f"step {i}: {op_name(target)} reads {value_name(v)}, which is not live"
+                    )
+            for v in op.outputs:
+                if v in live:
+                    raise InvalidPlan(
+                        f"step {i}: {op_name(target)} recomputes {value_name(v)}, still live"
+                    )
+                now += add(v, i)
+            if target in ran:
+                recomputed += 1
+            ran.add(target)
+            if record:
+                op_steps.setdefault(target, []).append(i)
+            if i < backward_start:
+                f_time += op.time
+            else:
+                b_time += op.time
+        elif kind == FREE:
+            if target not in live:
+                raise InvalidPlan(f"step {i}: frees {value_name(target)}, which is not live")
+            if target in final:
+                raise InvalidPlan(f"step {i}: frees {value_name(target)}, an output of the step")
+            now -= drop(target, i)
+        else:
+            raise InvalidPlan(f"step {i}: unknown instruction {kind!r}")
+        if i < backward_start:
+            f_peak = max(f_peak, now)
+        else:
+            b_peak = max(b_peak, now)
+        if now > peak:
+            peak, peak_step = now, i
+        if record:
+            columns.append(tuple(totals))
+    if kept is None:  # no backward instruction
+        kept = frozenset(live)
+        b_start = now + sum(sizes.get(v, 0) for v in arriving)
+        live.update(arriving)
+    if record:
+        for v, start in opened.items():
+            intervals.setdefault(v, []).append((start, len(program)))
+    return Walk(
+        max(peak, b_start),
+        peak_step,
+        f_peak,
+        max(b_peak, b_start),
+        b_start,
+        kept,
+        f_time,
+        b_time,
+        recomputed,
+        columns,
+        intervals,
+        op_steps,
+    )
+
+
+# --------------------------------------------------------------------------- ops over values
+
+
+@dataclass(frozen=True)
+class DagOp:
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    time: float
+    backward: bool
+
+
+@dataclass
+class Dag:
+    """Ops over values: forward ops first in run order, then backward ops in run order.
+
+    Values missing from `sizes` are external (parameters, inputs, values owned by someone
+    else): always available, never counted. `arriving` values (gradients from later blocks)
+    become live when the backward starts; `final` values must be live at the end.
+    """
+
+    ops: list[DagOp]
+    sizes: dict[int, int]
+    arriving: frozenset[int] = frozenset()
+    final: frozenset[int] = frozenset()
+    held: frozenset[int] = frozenset()  # forward values live until the forward ends (outputs)
+    order: list[int] = field(default_factory=list)  # position -> op index in the graph
+
+    @property
+    def n_forward(self) -> int:
+        return sum(not op.backward for op in self.ops)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A run list over a Dag (op positions, its forward first) with its exact figures."""
+
+    runs: tuple[int, ...]
+    stats: Walk
+
+    @property
+    def time(self) -> float:
+        return self.stats.time
+
+
+def simulate_runs(dag: Dag, runs: Sequence[int], n_forward: int) -> Walk:
+    """Walk the runs under free-after-last-read (`program_from_runs`); InvalidPlan (a
+    ValueError) when a run reads a value that is not live."""
+    program, start = program_from_runs(dag.ops, runs, n_forward, dag.final, dag.held, dag.arriving)
+    return walk(dag.ops, program, start, dag.sizes, arriving=dag.arriving, final=dag.final)
+
+
+def simulated(dag: Dag, runs: Sequence[int]) -> Simulated:
+    """`simulate_runs` on the Dag's forward split."""
+    return Simulated(tuple(runs), simulate_runs(dag, runs, dag.n_forward))
+
+
+def kept_bytes(dag: Dag, option: Simulated) -> int:
+    """Bytes the forward leaves live for the backward."""
+    return sum(dag.sizes.get(v, 0) for v in option.stats.kept)
+
+
+def graph_dag(graph: Graph) -> Dag:
+    """The whole traced step as a Dag (placeholders external, final values required)."""
+    ops = [DagOp(op.inputs, op.outputs, op.time, op.phase == "backward") for op in graph.ops]
+    order = graph.forward_ops + graph.backward_ops
+    sizes = {v.index: v.nbytes for v in graph.values if not v.is_placeholder}
+    outs = {v for v in graph.final_values if graph.ops[graph.values[v].producer].phase == "forward"}
+    return Dag(
+        [ops[o] for o in order], sizes, final=graph.final_values, held=frozenset(outs), order=order
+    )
+
+
+# --------------------------------------------------------------------------- a traced step
+
+
+COLUMNS = ("activation", "temporary", "gradient")  # the kinds of value a budget counts
+
+
+class Step(NamedTuple):
+    """One row of the memory timeline: live bytes after the instruction, by kind."""
+
+    index: int
+    kind: str  # run | free
+    target: int  # op index (run) or value index (free)
+    name: str
+    label: str  # "aten.mm" for runs, the value's kind for frees
+    phase: str  # forward | backward
+    block: int
+    recompute: bool
+    activations: int
+    temporaries: int
+    gradients: int
+
+    @property
+    def live(self) -> int:
+        return self.activations + self.temporaries + self.gradients
+
+
+@dataclass
+class Simulation:
+    """A plan's program walked on its graph: the timeline, its peak and time, and what
+    is live when (the app's step-through reads this; it never walks the program itself)."""
+
+    timeline: list[Step]
+    peak: int
+    peak_step: int
+    time: float
+    recomputed_ops: int
+    backward_start: int
+    intervals: dict[int, list[tuple[int, int]]]  # value -> [first step live, step freed)
+    op_steps: dict[int, list[int]]  # op -> program steps that run it
+    forward_outputs: dict[int, tuple[int, ...]]  # forward op -> the values it produces
+
+    def live_after(self, step: int) -> set[int]:
+        """Values (storages) live after program step `step` (-1: before the first)."""
+        return {
+            v
+            for v, spans in self.intervals.items()
+            if any(start <= step < end for start, end in spans)
+        }
+
+    def fates(self) -> dict[int, Fate]:
+        """Each forward op by what the program does with its results: recomputed in the
+        backward, kept until the backward, or freed in the forward (the backward never needs
+        them again). Where: `op_steps` (its runs) and `intervals` (its values' lifetimes)."""
+        kept = self.live_after(self.backward_start - 1)
+        out: dict[int, Fate] = {}
+        for o, outputs in self.forward_outputs.items():
+            if len(self.op_steps.get(o, ())) > 1:
+                out[o] = "recomputed"
+            elif kept.intersection(outputs):
+                out[o] = "kept"
+            else:
+                out[o] = "freed"
+        return out
+
+
+def simulate(
+    graph: Graph, block_of_op: Sequence[int], program: Sequence[Instruction], backward_start: int
+) -> Simulation:
+    """Walk a plan's program on its graph, checking it is valid, and record live bytes
+    after each instruction by kind (activations, temporaries, gradients)."""
+    values, ops = graph.values, graph.ops
+    _check_rules(graph, program, backward_start)
+    column = {v.index: COLUMNS.index(v.kind) for v in values if v.kind in COLUMNS}
+    sizes = {v.index: (v.nbytes if v.index in column else 0) for v in values}
+    walked = walk(
+        ops,
+        program,
+        backward_start,
+        sizes,
+        initial=[v.index for v in values if v.is_placeholder and v.kind != "tangent"],
+        arriving=[v.index for v in values if v.kind == "tangent"],
+        final=graph.final_values,
+        column=column,
+        record=True,
+        op_names=[op.name for op in ops],
+        value_names=[v.name for v in values],
+    )
+    timeline = []
+    for i, ((kind, target), live) in enumerate(zip(program, walked.columns)):
+        phase = "forward" if i < backward_start else "backward"
+        if kind == RUN:
+            op = ops[target]
+            recompute = walked.op_steps[target][0] < i
+            name, label, block = op.name, op.label, block_of_op[target]
+        else:
+            value = values[target]
+            recompute = False
+            name, label = value.name, value.kind
+            block = block_of_op[value.producer] if value.producer is not None else -1
+        timeline.append(Step(i, kind, target, name, label, phase, block, recompute, *live))
+    return Simulation(
+        timeline,
+        walked.peak,
+        walked.peak_step,
+        walked.time,
+        walked.recomputed_ops,
+        backward_start,
+        walked.intervals,
+        walked.op_steps,
+        {o: ops[o].outputs for o in graph.forward_ops},
+    )
+
+
+def _check_rules(graph: Graph, program: Sequence[Instruction], backward_start: int) -> None:
+    """The rules of a traced step that liveness does not cover: backward ops run in the
+    backward, random and state-updating ops first run in the forward in traced order, only
+    activations, temporaries and gradients are freed, every op runs."""
+    values, ops = graph.values, graph.ops
+    sticky = iter(o.index for o in ops if o.random or o.state_update)
+    expected = next(sticky, None)
+    done: set[int] = set()
+    for i, (kind, target) in enumerate(program):
+        if kind == RUN:
+            op = ops[target]
+            if op.phase == "backward" and i < backward_start:
+                raise InvalidPlan(f"step {i}: backward op {op.name} runs in the forward pass")
+            if target not in done and target == expected:
+                if i >= backward_start:
+                    raise InvalidPlan(
+                        f"step {i}: {op.name} (random or state update) must first run in forward"
+                    )
+                expected = next(sticky, None)
+            elif target not in done and (op.random or op.state_update):
+                raise InvalidPlan(f"step {i}: random/state op {op.name} runs out of traced order")
+            done.add(target)
+        elif kind == FREE and values[target].kind not in COLUMNS:
+            raise InvalidPlan(
+                f"step {i}: frees {values[target].name}, which is not a live activation"
+            )
+    never = [op.name for op in ops if op.index not in done]
+    if never:
+        raise InvalidPlan(f"ops never run: {never[:5]}{'...' if len(never) > 5 else ''}")
+
+
+def store_all_program(graph: Graph) -> tuple[list[Instruction], int]:
+    """Plain PyTorch: every op once, forward then backward, each value freed after its last
+    use. Returns the program and its backward start."""
+    return program_from_runs(
+        graph.ops,
+        graph.forward_ops + graph.backward_ops,
+        len(graph.forward_ops),
+        graph.final_values,
+    )
