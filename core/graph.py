@@ -12,11 +12,14 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal, cast
 
 from core.errors import UnsupportedModel
 from core.trace import Trace
 
 PLACEHOLDER_KINDS = ("param", "state", "input", "tangent")
+Phase = Literal["forward", "backward"]
+ValueKind = Literal["param", "state", "input", "tangent", "activation", "temporary", "gradient"]
 
 
 @dataclass
@@ -26,7 +29,7 @@ class Value:
     index: int
     name: str
     nbytes: int
-    kind: str  # param | state | input | tangent | activation | temporary | gradient
+    kind: ValueKind
     producer: int | None = None  # op that allocates it
     consumers: tuple[int, ...] = ()  # ops that read it
 
@@ -45,7 +48,7 @@ class Op:
     nodes: tuple[int, ...]  # ATen nodes run, in order
     inputs: tuple[int, ...]  # values read (never its own outputs)
     outputs: tuple[int, ...]  # values allocated
-    phase: str  # forward | backward
+    phase: Phase
     random: bool = False  # replays its random numbers when recomputed
     state_update: bool = False  # updates model state (batch-norm statistics): once per step
     time: float = 0.0  # seconds, from the cost model
@@ -97,7 +100,7 @@ def build_graph(trace: Trace) -> Graph:
         if node.role != "op":
             for s in node.storages:
                 placeholder_storage.add(s)
-                values[s].kind, values[s].name = node.role, node.name
+                values[s].kind, values[s].name = cast(ValueKind, node.role), node.name
             continue
         new = [s for s in node.storages if s not in owner and s not in placeholder_storage]
         joins = {owner[s] for s in node.storages if s in owner}
@@ -187,7 +190,7 @@ def _make_ops(trace: Trace, groups, owner, placeholder_storage) -> list[Op]:
                 nodes=tuple(members),
                 inputs=tuple(sorted(reads - set(outputs))),
                 outputs=outputs,
-                phase="",
+                phase="forward",  # set by _drop_dead_and_classify
                 random=any(nodes[n].random for n in members),
                 state_update=bool(writes & placeholder_storage),
             )
@@ -240,7 +243,7 @@ def _drop_dead_and_classify(ops: list[Op], final: set[int], model_outputs: set[i
     sticky = {i for i, op in enumerate(ops) if op.random or op.state_update}
     forward = ancestors(sticky | {producer[v] for v in model_outputs if v in producer})
     needed = forward | ancestors({producer[v] for v in final if v in producer})
-    out = []
+    out: list[Op] = []
     for i in sorted(needed):
         op = ops[i]
         op.index = len(out)

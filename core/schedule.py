@@ -58,12 +58,16 @@ class Plan:
         self._sim = None
         return self
 
+    def _attached(self) -> Problem:
+        """The problem the plan is attached to; RematError when it is not attached."""
+        if self.problem is None:
+            raise RematError("this plan is not attached to a problem: call plan.attach()")
+        return self.problem
+
     def simulate(self) -> Simulation:
         """Walk the program once (cached): timeline, peak and time."""
         if self._sim is None:
-            if self.problem is None:
-                raise RematError("this plan is not attached to a problem: call plan.attach()")
-            problem = self.problem
+            problem = self._attached()
             self._sim = simulate(
                 problem.graph, problem.block_of_op, self.program, self.backward_start
             )
@@ -90,7 +94,7 @@ class Plan:
         """Predicted time over the store-all time: 1.0 means no recomputation."""
         if self.problem is None and self.saved_prediction:
             return self.saved_prediction[2]
-        return self.predicted_time / self.problem.store_all_time
+        return self.predicted_time / self._attached().store_all_time
 
     @property
     def recomputed_ops(self) -> int:

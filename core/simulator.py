@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
 from core.errors import RematError
-from core.graph import Graph
+from core.graph import Graph, Phase
 
 RUN: Literal["run"] = "run"
 FREE: Literal["free"] = "free"
@@ -313,7 +313,11 @@ def graph_dag(graph: Graph) -> Dag:
     ops = [DagOp(op.inputs, op.outputs, op.time, op.phase == "backward") for op in graph.ops]
     order = graph.forward_ops + graph.backward_ops
     sizes = {v.index: v.nbytes for v in graph.values if not v.is_placeholder}
-    outs = {v for v in graph.final_values if graph.ops[graph.values[v].producer].phase == "forward"}
+    outs = {
+        v
+        for v in graph.final_values
+        if (p := graph.values[v].producer) is not None and graph.ops[p].phase == "forward"
+    }
     return Dag(
         [ops[o] for o in order], sizes, final=graph.final_values, held=frozenset(outs), order=order
     )
@@ -328,12 +332,12 @@ COLUMNS = ("activation", "temporary", "gradient")  # the kinds of value a budget
 class Step(NamedTuple):
     """One row of the memory timeline: live bytes after the instruction, by kind."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index: the step's position
     kind: str  # run | free
     target: int  # op index (run) or value index (free)
     name: str
     label: str  # "aten.mm" for runs, the value's kind for frees
-    phase: str  # forward | backward
+    phase: Phase
     block: int
     recompute: bool
     activations: int
@@ -408,7 +412,7 @@ def simulate(
     )
     timeline = []
     for i, ((kind, target), live) in enumerate(zip(program, walked.columns)):
-        phase = "forward" if i < backward_start else "backward"
+        phase: Phase = "forward" if i < backward_start else "backward"
         if kind == RUN:
             op = ops[target]
             recompute = walked.op_steps[target][0] < i

@@ -1,13 +1,26 @@
-"""Browser fixtures for pytest-playwright: Debian's chromium, never a downloaded one."""
+"""Test session setup: a fresh block-options cache, and browser fixtures for
+pytest-playwright (Debian's chromium, never a downloaded one)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 
 from app.bench import CHROMIUM_ARGS
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Options on disk are keyed by the solver code's hash, but a developer's ~/.cache/remat
+    may still hold options another checkout computed: every session starts from an empty
+    cache of its own (subprocesses, such as the CLI's, inherit it)."""
+    os.environ["REMAT_CACHE"] = tempfile.mkdtemp(prefix="remat-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ["REMAT_CACHE"], ignore_errors=True)
 
 
 def chromium_path() -> str | None:

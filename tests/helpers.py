@@ -8,6 +8,10 @@ from torch import nn
 from core.memory import StorageTracker, step_tensors
 from sample_models import build
 
+# bytes a measured step holds beyond the plan's prediction: the float32 scalar seed that
+# loss.backward() allocates (torch.ones_like(loss)), which the traced step receives as input
+SEED_BYTES = 4
+
 
 def fresh(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return build(name)

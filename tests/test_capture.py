@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import fresh, measured_step
+from helpers import SEED_BYTES, fresh, measured_step
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -11,17 +11,31 @@ from core.memory import StorageTracker, step_tensors
 from sample_models import REGISTRY, names
 
 BIG = ["gpt2-small", "resnet50", "vit-small", "regnet-small", "mlp", "gpt-small-6l", "resnet18"]
+# Eager's autograd releases a node's saved tensors when the node ends; the store-all program
+# frees each after its last reading op. In ViT's MLP, fc2's AddmmBackward computes the weight
+# gradient (the last read of gelu's output, 68 KiB on vit-tiny), then the bias gradient:
+# eager still holds gelu's output while the bias gradient (256 bytes) is allocated, at the
+# step's peak, so eager peaks 256 bytes above store_all_peak (the runtime running the
+# store-all plan peaks exactly at it + 4). Fixing it means modelling autograd nodes in the
+# store-all reference; until then these fail, and must start passing when it is fixed.
+NODE_RELEASE = pytest.mark.xfail(
+    strict=True, reason="eager frees saved tensors per autograd node: +256 bytes on ViT"
+)
 
 
-@pytest.mark.parametrize("name", [n for n in names() if n not in BIG])
+def _marked(names: list[str]) -> list:
+    return [pytest.param(n, marks=NODE_RELEASE) if n.startswith("vit") else n for n in names]
+
+
+@pytest.mark.parametrize("name", _marked([n for n in names() if n not in BIG]))
 def test_store_all_peak_matches_real_eager_step(name):
     model, inputs = fresh(name)
     problem = core.analyze(model, inputs)
     eager_peak, _, _ = measured_step(model, inputs)
-    assert problem.store_all_peak == pytest.approx(eager_peak, rel=0.02)
+    assert eager_peak == problem.store_all_peak + SEED_BYTES
 
 
-@pytest.mark.parametrize("name", BIG)
+@pytest.mark.parametrize("name", _marked(BIG))
 def test_store_all_peak_matches_eager_on_big_models(name):
     """Big models are built on the meta device and their eager step is tracked under fake
     tensors (no compute); the tracker under fake tensors matches a real step exactly
@@ -37,7 +51,7 @@ def test_store_all_peak_matches_eager_on_big_models(name):
     with torch.device("meta"):
         model, inputs = preset.make_model(), preset.make_inputs()
     problem = core.analyze(model, inputs)
-    assert problem.store_all_peak == pytest.approx(tracker.peak, rel=0.02)
+    assert tracker.peak == problem.store_all_peak + SEED_BYTES
 
 
 def test_gpt_has_one_block_per_layer_all_identical():

@@ -4,13 +4,10 @@ import pickle
 
 import pytest
 import torch
-from helpers import assert_same_grads, fresh, measured_step
+from helpers import SEED_BYTES, assert_same_grads, fresh, measured_step
 
 import core
 import core.simulator
-import core.solvers.checkmate
-import core.solvers.checkpoint_blocks
-import core.solvers.rotor
 from core.errors import PlanFileError
 from core.plan_io import VERSION
 
@@ -31,7 +28,7 @@ def test_round_trip_applies_and_matches(tmp_path, gpt_tiny_plan):
     _, _, want = measured_step(model, inputs)
     peak, _, got = measured_step(model, inputs, run=core.apply_plan(model, loaded))
     assert_same_grads(got, want)
-    assert peak == gpt_tiny_plan.predicted_peak + 4  # the scalar seed of loss.backward()
+    assert peak == gpt_tiny_plan.predicted_peak + SEED_BYTES
 
 
 def test_file_holds_plain_data_only(tmp_path, gpt_tiny_plan):
@@ -103,8 +100,8 @@ def test_load_and_apply_never_solves_or_simulates(tmp_path, gpt_tiny_plan, monke
 
     for module, name in ((core.problem, "analyze"), (core.simulator, "walk")):
         monkeypatch.setattr(module, name, forbidden)
-    for module in (core.solvers.rotor, core.solvers.checkpoint_blocks, core.solvers.checkmate):
-        monkeypatch.setattr(module, "solve", forbidden)
+    for method in core.solvers.SOLVERS:
+        monkeypatch.setitem(core.solvers.SOLVERS, method, forbidden)
     model, _ = fresh("gpt-tiny")
     planned = core.apply_plan(model, core.load_plan(path))
     assert planned.plan.program == gpt_tiny_plan.program

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from helpers import SEED_BYTES
 
 import core
 from core.errors import InfeasibleBudget
 from core.memory import StorageTracker, step_tensors
-from core.tradeoff import minimum_budget, tradeoff
+from core.tradeoff import minimum_budget
 from sample_models import SMALL, build
 
 MODELS = [*SMALL, "gpt-1layer"]
@@ -37,8 +38,7 @@ def _check(name: str, plan: core.Plan, budget: int) -> None:
     model, inputs, problem, (_, eager) = _setup(name)
     assert plan.predicted_peak <= budget
     measured, grads = _step(model, inputs, core.apply_plan(model, plan))
-    assert abs(measured - plan.predicted_peak) <= 0.05 * plan.predicted_peak
-    assert measured <= 1.05 * budget
+    assert measured == plan.predicted_peak + SEED_BYTES, (name, plan.method, budget)
     assert grads.keys() == eager.keys()
     for key in eager:
         torch.testing.assert_close(grads[key], eager[key])
@@ -68,7 +68,7 @@ def test_checkmate_whole_graph_plans_run_as_predicted():
     budget = int(0.8 * problem.store_all_peak)
     from core.solvers.checkmate import solve
 
-    plan = solve(problem, budget, time_limit=5)
+    plan = solve(problem, budget, time_limit=None, node_limit=30)
     _check("gpt-1layer", plan, budget)
     assert plan.overhead < 1.3
 
@@ -89,7 +89,6 @@ def test_rockmate_never_slower_than_baselines(name):
 def test_tradeoff_is_monotone_and_within_budget():
     _, _, problem, _ = _setup("gpt-tiny")
     points = core.tradeoff(problem, "rockmate", points=12)
-    assert points == tradeoff(problem, "rockmate", points=12)
     assert points[0].budget == minimum_budget(problem, "rockmate")
     assert points[-1].budget == problem.store_all_peak
     assert points[-1].overhead == pytest.approx(1.0)
@@ -149,9 +148,11 @@ def test_whole_graph_ilp_bound_is_below_its_plan():
     from core.solvers.checkmate import solve_with_bound
 
     _, _, problem, _ = _setup("gpt-1layer")
-    plan, bound = solve_with_bound(problem, int(0.8 * problem.store_all_peak), time_limit=3)
+    plan, bound = solve_with_bound(
+        problem, int(0.8 * problem.store_all_peak), time_limit=None, node_limit=30
+    )
     assert bound is not None
-    if plan.notes:  # time ran out: an incumbent and a bound
+    if plan.notes:  # the node limit stopped it: an incumbent and a bound
         assert 1.0 <= bound <= plan.overhead
     else:
         assert bound == pytest.approx(plan.overhead)
@@ -165,7 +166,7 @@ def test_rockmate_within_5_percent_of_the_ilp_optimum_on_an_mlp():
     model, inputs = build("mlp-batch")
     problem = core.analyze(model, inputs)
     budget = int(0.8 * problem.store_all_peak)
-    reference, bound = solve_with_bound(problem, budget, time_limit=20)
+    reference, bound = solve_with_bound(problem, budget, time_limit=None, node_limit=10_000)
     assert not reference.notes and bound == pytest.approx(reference.overhead)  # optimal
     plan = core.solve(problem, budget, "rockmate")
     assert plan.predicted_peak <= budget

@@ -1,7 +1,7 @@
 """Solvers: one module per strategy, each `solve(problem, budget) -> Plan`.
 
-`core.solve` parses the budget, dispatches on the method and checks the result with the
-simulator: a returned plan never exceeds its budget.
+`core.solve` parses the budget, looks the method up in `SOLVERS` and checks the result with
+the simulator: a returned plan never exceeds its budget.
 """
 
 from __future__ import annotations
@@ -9,13 +9,30 @@ from __future__ import annotations
 import math
 import re
 import time
-from importlib import import_module
+from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.problem import Problem
 from core.schedule import Plan
+from core.solvers import checkmate, checkpoint_blocks, rockmate, rotor, sqrt_n, store_all
 
-METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "checkmate")
+
+class Solver(Protocol):
+    """A strategy: the least-time plan it finds whose predicted peak fits `budget` bytes
+    (at most the store-all peak), or InfeasibleBudget with the smallest it can meet."""
+
+    def __call__(self, problem: Problem, budget: int) -> Plan: ...
+
+
+SOLVERS: dict[str, Solver] = {
+    "store_all": store_all.solve,
+    "checkpoint_blocks": checkpoint_blocks.solve,
+    "sqrt_n": sqrt_n.solve,
+    "rotor": rotor.solve,
+    "rockmate": rockmate.solve,
+    "checkmate": checkmate.solve,
+}
+METHODS = tuple(SOLVERS)
 
 _UNITS = {
     "": 1,
@@ -75,7 +92,7 @@ def solve(problem: Problem, budget: int | float | str, method: str = "rockmate")
             f"planned for {fmt_bytes(peak)}, where nothing needs recomputing"
         )
     start = time.perf_counter()
-    plan = import_module(f"core.solvers.{method}").solve(problem, effective)
+    plan = SOLVERS[method](problem, effective)
     plan.solve_seconds = time.perf_counter() - start
     plan.budget = asked
     plan.notes = notes + plan.notes

@@ -21,6 +21,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+import highspy
 import pulp
 
 from core.errors import InfeasibleBudget
@@ -38,6 +39,7 @@ class IlpResult:
     optimal: bool
     status: str = field(default="")
     bound: float | None = None  # HiGHS's lower bound on the objective (None from CBC)
+    limit: str | None = None  # the limit that stopped the search short of optimal
 
 
 def _closure(dag: Dag, values: set[int], producer: dict[int, int]) -> set[int]:
@@ -56,14 +58,17 @@ def solve_ilp(
     dag: Dag,
     budget: int,
     solver: str = DEFAULT_SOLVER,
-    time_limit: float = 2.0,
+    time_limit: float | None = None,
     lookahead: int | None = 3,
+    node_limit: int | None = None,
 ) -> IlpResult | None:
     """Least recompute time whose conservative memory rows stay within `budget` bytes.
 
-    Returns None when no feasible schedule was found within the time limit. With a time limit
-    hit, the best incumbent is returned (`optimal` False). `lookahead=None` lets a stage
-    recompute anything a later stage needs (the exact restricted model, for tests).
+    Returns None when no feasible schedule was found within the limits. With a limit hit,
+    the best incumbent is returned (`optimal` False, `limit` saying which). A node limit
+    (branch-and-bound nodes) gives the same answer on a loaded machine as on an idle one; a
+    time limit does not. `lookahead=None` lets a stage recompute anything a later stage
+    needs (the exact restricted model, for tests).
     """
     ops, sizes = dag.ops, dag.sizes
     fwd = [i for i, op in enumerate(ops) if not op.backward]
@@ -149,7 +154,7 @@ def solve_ilp(
         optional = [keep[v] * size[v] for v in fvals if last_fwd[v] < f]
         if optional or fixed > budget:
             prob += pulp.lpSum(optional) + fixed <= budget
-    status = _run(prob, solver, time_limit)
+    status, limit = _run(prob, solver, time_limit, node_limit)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
     bound = prob.solverModel.getInfo().mip_dual_bound if solver == "highs" else None
@@ -159,58 +164,105 @@ def solve_ilp(
         runs.append(b)
     objective = sum(ops[f].time for (k, f), r in R.items() if r.value() > 0.5)
     optimal = prob.sol_status == pulp.LpSolutionOptimal
-    return IlpResult(runs, objective, optimal, status, objective if optimal else bound)
+    return IlpResult(
+        runs,
+        objective,
+        optimal,
+        status,
+        objective if optimal else bound,
+        None if optimal else limit,
+    )
 
 
-def _run(prob: pulp.LpProblem, solver: str, time_limit: float) -> str:
+class _HiGHS(pulp.HiGHS):
+    """PuLP's HiGHS, also reading the incumbent of a node-limited solve: PuLP 3.3 has no
+    status for HiGHS's kSolutionLimit (raised by mip_max_nodes) and fails with a KeyError."""
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
+        model = lp.solverModel
+        if model.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+            return super().findSolutionValues(lp)
+        if model.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+        values = model.getSolution().col_value
+        for var in lp.variables():
+            var.varValue = values[var.index]
+        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+
+
+def _run(
+    prob: pulp.LpProblem, solver: str, time_limit: float | None, node_limit: int | None
+) -> tuple[str, str]:
+    """Solve on one thread; returns PuLP's status and the limit that stopped the search
+    (meaningful when the solution is not optimal)."""
+    nodes = {} if node_limit is None else {"mip_max_nodes": node_limit}
     if solver == "highs":
-        backend = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=1)
+        backend = _HiGHS(msg=False, timeLimit=time_limit, threads=1, **nodes)
     elif solver == "cbc":
         with warnings.catch_warnings():  # the bundled CBC: deprecated for PuLP 4 (pinned < 4)
             warnings.simplefilter("ignore", DeprecationWarning)
-            backend = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
+            backend = pulp.PULP_CBC_CMD(
+                msg=False, timeLimit=time_limit, threads=1, maxNodes=node_limit
+            )
     else:
         raise ValueError(f"unknown ILP solver {solver!r}: use 'highs' or 'cbc'")
     prob.solve(backend)
-    return pulp.LpStatus[prob.status]
+    limit = _limit_name(time_limit, node_limit)
+    if solver == "highs":
+        hit = prob.solverModel.getModelStatus()
+        if hit == highspy.HighsModelStatus.kSolutionLimit:
+            limit = _limit_name(None, node_limit)
+        elif hit == highspy.HighsModelStatus.kTimeLimit:
+            limit = _limit_name(time_limit, None)
+    return pulp.LpStatus[prob.status], limit
+
+
+def _limit_name(time_limit: float | None, node_limit: int | None) -> str:
+    parts = ([f"{time_limit:g} s"] if time_limit is not None else []) + (
+        [f"{node_limit}-node"] if node_limit is not None else []
+    )
+    return " or ".join(parts) + " limit" if parts else "limit"
 
 
 def solve(
     problem: Problem,
     budget: int,
     solver: str = DEFAULT_SOLVER,
-    time_limit: float = 30.0,
+    time_limit: float | None = 30.0,
+    node_limit: int | None = None,
 ) -> Plan:
-    """The whole-graph ILP: the reference optimum for small models (within its time limit)."""
-    return solve_with_bound(problem, budget, solver, time_limit)[0]
+    """The whole-graph ILP: the reference optimum for small models (within its limits)."""
+    return solve_with_bound(problem, budget, solver, time_limit, node_limit)[0]
 
 
 def solve_with_bound(
     problem: Problem,
     budget: int,
     solver: str = DEFAULT_SOLVER,
-    time_limit: float = 30.0,
+    time_limit: float | None = 30.0,
+    node_limit: int | None = None,
 ) -> tuple[Plan, float | None]:
     """The whole-graph ILP's plan and a lower bound on the overhead of any schedule this ILP
     admits at `budget` (its optimum when solved, HiGHS's bound when time ran out; None when
     unknown: CBC, or a tightened budget whose bound does not hold at `budget`)."""
-    found = _whole_graph(problem, budget, solver, time_limit)
+    found = _whole_graph(problem, budget, solver, time_limit, node_limit)
     if found is None:
         raise InfeasibleBudget(budget, ilp_minimum(problem, solver), "checkmate")
     return found
 
 
 @per_problem
-def ilp_minimum(problem: Problem, solver: str = DEFAULT_SOLVER, probe_seconds: float = 2.0) -> int:
+def ilp_minimum(problem: Problem, solver: str = DEFAULT_SOLVER, probe_nodes: int = 50) -> int:
     """The smallest budget asked at which the whole-graph ILP finds a schedule, to 1% of the
-    store-all peak: bisection with `probe_seconds` per try (at most 8 tries), memoised."""
+    store-all peak: bisection with `probe_nodes` branch-and-bound nodes per try (at most 8
+    tries; a node limit, so the answer does not depend on the machine's load), memoised."""
     peak = problem.store_all_peak
     low, high = 0, peak  # high: store-all always fits
     for _ in range(8):
         if high - low <= peak // 100:
             break
         mid = (low + high) // 2
-        if _whole_graph(problem, mid, solver, probe_seconds) is None:
+        if _whole_graph(problem, mid, solver, None, probe_nodes) is None:
             low = mid
         else:
             high = mid  # the budget asked, which the ILP can meet again
@@ -218,7 +270,7 @@ def ilp_minimum(problem: Problem, solver: str = DEFAULT_SOLVER, probe_seconds: f
 
 
 def _whole_graph(
-    problem: Problem, budget: int, solver: str, time_limit: float
+    problem: Problem, budget: int, solver: str, time_limit: float | None, node_limit: int | None
 ) -> tuple[Plan, float | None] | None:
     """A plan within `budget` from the whole-graph ILP, tightening the ILP's budget when the
     simulator finds its conservative rows still too loose, with the overhead bound (see
@@ -227,7 +279,7 @@ def _whole_graph(
     n_fwd = dag.n_forward
     target = budget
     for _ in range(8):
-        result = solve_ilp(dag, target, solver, time_limit)
+        result = solve_ilp(dag, target, solver, time_limit, node_limit=node_limit)
         if result is None:
             return None
         runs = [dag.order[i] for i in result.runs]
@@ -236,7 +288,7 @@ def _whole_graph(
         if result.bound is not None and target == budget:
             bound = 1 + result.bound / problem.store_all_time
         if not result.optimal:
-            plan.notes.append(f"the ILP hit its {time_limit:.0f} s limit: best schedule found")
+            plan.notes.append(f"the ILP hit its {result.limit}: best schedule found")
             if bound is not None:
                 plan.notes.append(f"the ILP's lower bound at this budget: overhead {bound:.3f}")
         if plan.predicted_peak <= budget:

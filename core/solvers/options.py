@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -33,8 +34,12 @@ from core.solvers import checkmate, keep_sets
 from core.solvers.checkmate import DEFAULT_SOLVER, solve_ilp
 from core.solvers.keep_sets import keep_set_options
 
+log = logging.getLogger(__name__)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
-ILP_SECONDS = 1.0
+# Block ILPs stop after ILP_NODES branch-and-bound nodes: the same options on a loaded
+# machine as on an idle one. ILP_SECONDS only guards against a runaway solve (logged).
+ILP_NODES = 20
+ILP_SECONDS = 60.0
 MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
 _MEMORY: dict[str, list[tuple[int, ...]]] = {}  # block key -> run lists, least recent first
 
@@ -92,8 +97,8 @@ def layout(problem: Problem) -> Layout:
     stage: dict[int, int] = {}
     for o in graph.backward_ops:
         s = problem.block_of_op[o]
-        for v in ops[o].inputs:
-            p = values[v].producer
+        for u in ops[o].inputs:
+            p = values[u].producer
             if p is not None and ops[p].phase == "backward":
                 s = min(s, stage[p])
         stage[o] = s
@@ -221,14 +226,20 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
     found = [full, *keep_set_options(dag, full)]
     if any(op.backward for op in dag.ops):
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
-            result = solve_ilp(
-                dag, top - int((1 - frac) * activations), DEFAULT_SOLVER, ILP_SECONDS
-            )
+            budget = top - int((1 - frac) * activations)
+            result = solve_ilp(dag, budget, DEFAULT_SOLVER, ILP_SECONDS, node_limit=ILP_NODES)
             if result is None:
                 break
+            if result.limit is not None and "s limit" in result.limit:
+                log.warning(
+                    "a block ILP at %d bytes hit its %s: options depend on load",
+                    budget,
+                    result.limit,
+                )
             try:
                 found.append(simulated(dag, result.runs))
-            except InvalidPlan:
+            except InvalidPlan as e:
+                log.warning("a block ILP's schedule does not simulate, dropped: %s", e)
                 continue
     return [o.runs for o in _pareto(dag, found)]
 
@@ -257,7 +268,7 @@ def _dag_key(dag: Dag) -> str:
             return ("x", local.setdefault(v, len(local)))  # external: parameters, inputs
         return ("v", local.setdefault(v, len(local)), dag.sizes[v])
 
-    parts = [(_CODE, GRID, ILP_SECONDS, DEFAULT_SOLVER)]
+    parts: list[object] = [(_CODE, GRID, ILP_NODES, DEFAULT_SOLVER)]
     for op in dag.ops:
         parts.append((op.backward, f"{op.time:.6e}", [name(v) for v in op.inputs]))
         parts.append([name(v) for v in op.outputs])

@@ -113,6 +113,7 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
                 fwd_time = o.forward_time
                 if _skips_forward(blocks, s, t, o):
                     fwd_need, fwd_time = 0, 0.0
+                rest: float | np.ndarray
                 if d == 0:
                     rest = 0.0
                 elif o.reads_output:  # the output stays until this backward: keep it
@@ -226,7 +227,7 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
             return _loosen(problem, blocks, table, slots, plan, method, budget)
         slots -= max(1, -(-(plan.predicted_peak - budget) // table.slot))
     minimum = chain_minimum(problem, with_options)
-    if minimum <= budget:
+    if minimum <= budget and lowest is not None:
         return _plan_at(problem, blocks, table, lowest, method, budget)
     raise InfeasibleBudget(budget, minimum, method)
 
