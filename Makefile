@@ -32,6 +32,7 @@ run: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: install browser lint
 	$(VENV)/bin/pytest -q

@@ -134,9 +134,9 @@ def build_graph(trace: Trace) -> Graph:
                 values[v].kind = "activation"
         for v in op.inputs:
             values[v].consumers += (op.index,)
-    for g in trace.grads:
-        if g is not None and not values[nodes[g].storages[0]].is_placeholder:
-            values[nodes[g].storages[0]].kind = "gradient"
+    for grad in trace.grads:
+        if grad is not None and not values[nodes[grad].storages[0]].is_placeholder:
+            values[nodes[grad].storages[0]].kind = "gradient"
     tangent_storage = {v.index for v in values if v.kind == "tangent"}
     of_tangent = tuple(n for n in prologue if nodes[n].storages[0] in tangent_storage)
     rest = tuple(n for n in prologue if n not in of_tangent)

@@ -1,4 +1,7 @@
-"""Run traced ATen nodes on real tensors: shared by the runtime and cost measurement."""
+"""Run traced ATen nodes on real tensors: shared by the runtime and cost measurement.
+
+Uses private PyTorch APIs: the generated bindings in `torch._C` (to call an overload the
+way eager dispatches it) and `TorchDispatchMode`."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ A `TorchDispatchMode` sees every ATen op; each output storage not seen before (a
 the pre-existing tensors: parameters, inputs) is added to the live total and removed when
 PyTorch frees it (`weakref.finalize`). On CPU this matched `torch.profiler`'s memory profile
 exactly for a GPT; on CUDA, `torch.cuda.max_memory_allocated` is the reference instead.
+Uses private PyTorch APIs: `TorchDispatchMode`, pytree's `tree_leaves` and storage `_cdata`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Exactness rules kept here:
   random stream moves exactly as in eager PyTorch;
 - a recomputed op that updates model state (batch-norm running statistics) writes into a
   throwaway copy, so the state is updated once per step.
+
+Uses one private PyTorch API: autograd's keep-graph flag (`torch._C._autograd`), to free the
+step's values after a backward unless `retain_graph=True`.
 """
 
 from __future__ import annotations
@@ -308,13 +311,13 @@ def _copy_written(node, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Keep a recompute from updating model state again: batch-norm's running statistics
     (optional, unread in training mode) are passed as None, so nothing is allocated; other
     state an op writes in place is replaced by a copy."""
-    args = list(args)
+    copied: list[Any] = list(args)
     kwargs = dict(kwargs)
-    for pos, _name in undeclared_writes(node.target, args):
-        args[pos] = None
+    for pos, _name in undeclared_writes(node.target, copied):
+        copied[pos] = None
     for pos, name in aliases_schema_write(node.target):
-        if pos < len(args) and isinstance(args[pos], torch.Tensor):
-            args[pos] = args[pos].clone()
+        if pos < len(copied) and isinstance(copied[pos], torch.Tensor):
+            copied[pos] = copied[pos].clone()
         elif isinstance(kwargs.get(name), torch.Tensor):
             kwargs[name] = kwargs[name].clone()
-    return tuple(args), kwargs
+    return tuple(copied), kwargs

@@ -6,8 +6,11 @@ than this machine can still be analysed. The graph mirrors eager PyTorch op for 
 `bernoulli_` dropout masks, in-place batch-norm running statistics), which is what makes the
 simulated peak equal the eager peak.
 
-This is the only module that uses private PyTorch APIs (fake tensors, op schemas, pytree
-internals). A torch upgrade should touch this file alone.
+Capture's private PyTorch APIs (fake tensors, op schemas, pytree internals) live here. Three
+other modules use private APIs too, each for one purpose: `core.interpret` (the generated
+`torch._C` bindings it calls ops through, `TorchDispatchMode`), `core.memory`
+(`TorchDispatchMode`, pytree, storage `_cdata` ids) and `core.runtime` (autograd's
+keep-graph flag). A torch upgrade should touch these four files and no other.
 """
 
 from __future__ import annotations
