@@ -90,7 +90,10 @@ def program_from_runs(
         if pos == n_forward:
             start = len(program)
         program.append((RUN, o))
-        program.extend((FREE, v) for v in sorted(frees_after.get(pos, ())))
+        frees = frees_after.get(pos)
+        if frees:
+            frees.sort()
+            program += [(FREE, v) for v in frees]
     return program, len(program) if start is None else start
 
 
@@ -107,6 +110,7 @@ class Walk:
     backward_peak: int  # most bytes live from the backward's start on (its start included)
     backward_start_bytes: int  # live when the backward starts, arriving values included
     kept: frozenset[int]  # sized values the forward leaves live for the backward
+    time: float  # seconds of every run, summed in program order
     forward_time: float
     backward_time: float
     recomputed_ops: int
@@ -116,10 +120,6 @@ class Walk:
         default_factory=dict
     )  # value -> [start, end)
     op_steps: dict[int, list[int]] = field(default_factory=dict)  # op -> steps that run it
-
-    @property
-    def time(self) -> float:
-        return self.forward_time + self.backward_time
 
 
 def walk(
@@ -157,7 +157,7 @@ def walk(
     n_columns = 1 + max(column.values(), default=0) if column else 1
     totals = [0] * n_columns
     now = f_peak = b_peak = b_start = peak = peak_step = 0
-    f_time = b_time = 0.0
+    time = f_time = b_time = 0.0
     recomputed = 0
     ran: set[int] = set()
     kept: frozenset[int] | None = None
@@ -166,25 +166,24 @@ def walk(
     intervals: dict[int, list[tuple[int, int]]] = {}
     op_steps: dict[int, list[int]] = {}
 
-    def add(v: int, step: int) -> int:
-        live.add(v)
-        if record:
-            opened[v] = step
-            totals[column.get(v, 0) if column else 0] += sizes.get(v, 0)
-        return sizes.get(v, 0)
+    size = sizes.get  # the solvers' searches walk thousands of programs: keep this loop lean
 
-    def drop(v: int, step: int) -> int:
-        live.discard(v)
-        if record:
-            intervals.setdefault(v, []).append((opened.pop(v), step))
-            totals[column.get(v, 0) if column else 0] -= sizes.get(v, 0)
-        return sizes.get(v, 0)
+    def opens(v: int, step: int) -> None:
+        opened[v] = step
+        totals[column.get(v, 0) if column else 0] += size(v, 0)
+
+    def closes(v: int, step: int) -> None:
+        intervals.setdefault(v, []).append((opened.pop(v), step))
+        totals[column.get(v, 0) if column else 0] -= size(v, 0)
 
     for i, (kind, target) in enumerate(program):
         if i == backward_start:
             kept = frozenset(live)
             for v in arriving:
-                now += add(v, i - 1)
+                live.add(v)
+                now += size(v, 0)
+                if record:
+                    opens(v, i - 1)
             b_start = now
         if kind == RUN:
             op = ops[target]
@@ -198,12 +197,16 @@ def walk(
                     raise InvalidPlan(
                         f"step {i}: {op_name(target)} recomputes {value_name(v)}, still live"
                     )
-                now += add(v, i)
+                live.add(v)
+                now += size(v, 0)
+                if record:
+                    opens(v, i)
             if target in ran:
                 recomputed += 1
             ran.add(target)
             if record:
                 op_steps.setdefault(target, []).append(i)
+            time += op.time
             if i < backward_start:
                 f_time += op.time
             else:
@@ -213,13 +216,17 @@ def walk(
                 raise InvalidPlan(f"step {i}: frees {value_name(target)}, which is not live")
             if target in final:
                 raise InvalidPlan(f"step {i}: frees {value_name(target)}, an output of the step")
-            now -= drop(target, i)
+            live.discard(target)
+            now -= size(target, 0)
+            if record:
+                closes(target, i)
         else:
             raise InvalidPlan(f"step {i}: unknown instruction {kind!r}")
         if i < backward_start:
-            f_peak = max(f_peak, now)
-        else:
-            b_peak = max(b_peak, now)
+            if now > f_peak:
+                f_peak = now
+        elif now > b_peak:
+            b_peak = now
         if now > peak:
             peak, peak_step = now, i
         if record:
@@ -238,6 +245,7 @@ def walk(
         max(b_peak, b_start),
         b_start,
         kept,
+        time,
         f_time,
         b_time,
         recomputed,
@@ -288,7 +296,7 @@ class Simulated:
 
     @property
     def time(self) -> float:
-        return self.stats.time
+        return self.stats.forward_time + self.stats.backward_time
 
 
 def simulate_runs(dag: Dag, runs: Sequence[int], n_forward: int) -> Walk:
