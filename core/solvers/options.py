@@ -241,10 +241,10 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
             except InvalidPlan as e:
                 log.warning("a block ILP's schedule does not simulate, dropped: %s", e)
                 continue
-    return [o.runs for o in _pareto(dag, found)]
+    return [o.runs for o in _undominated(dag, found)]
 
 
-def _pareto(dag: Dag, options: list[Simulated]) -> list[Simulated]:
+def _undominated(dag: Dag, options: list[Simulated]) -> list[Simulated]:
     def figures(o: Simulated) -> tuple:
         s = o.stats
         return (o.time, kept_bytes(dag, o), s.forward_peak, s.backward_peak)
