@@ -171,3 +171,16 @@ def test_rockmate_within_5_percent_of_the_ilp_optimum_on_an_mlp():
     plan = core.solve(problem, budget, "rockmate")
     assert plan.predicted_peak <= budget
     assert plan.predicted_time <= 1.05 * reference.predicted_time
+
+
+def test_rockmate_notes_block_ilps_stopped_at_their_node_limit():
+    """Block ILPs run to a node limit (the same options under any load); a plan says in how
+    many blocks one stopped there, short of a proven optimum."""
+    from core.solvers.options import chain
+
+    _, _, problem, _ = _setup("gpt-tiny")
+    plan = core.solve(problem, 0.6, "rockmate")
+    limited = sum(b.ilps_limited > 0 for b in chain(problem, True))
+    assert limited > 0
+    assert f"in {limited} of {len(problem.blocks)} blocks" in " ".join(plan.notes)
+    assert not core.solve(problem, 1.0, "rockmate").notes

@@ -41,7 +41,18 @@ GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, a
 ILP_NODES = 20
 ILP_SECONDS = 60.0
 MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
-_MEMORY: dict[str, list[tuple[int, ...]]] = {}  # block key -> run lists, least recent first
+
+
+@dataclass(frozen=True)
+class _Computed:
+    """A block shape's options as cached: their run lists, and how many block ILPs a limit
+    stopped short of optimal (their schedules are the best found, not proven optimal)."""
+
+    runs: list[tuple[int, ...]]
+    limited: int
+
+
+_MEMORY: dict[str, _Computed] = {}  # block key -> options, least recently used first
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class ChainBlock:
     forward_time: float
     forward_peak: int  # Fn / Fck: forward keeping nothing but the output
     options: list[BlockOption]
+    ilps_limited: int = 0  # block ILPs a limit stopped short of optimal for these options
 
 
 @dataclass
@@ -157,7 +169,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
         fwd_only = Dag(dag.ops[:nf], dag.sizes, frozenset(), dag.final, dag.held)
         input_value = problem.blocks[j - 1].output_value if j > 0 else None
         stats = simulate_runs(fwd_only, list(range(nf)), nf)
-        options = block_options(dag) if with_options else [simulated(dag, _store_all(dag))]
+        options, limited = block_options(dag) if with_options else (_store_all_option(dag), 0)
         out.append(
             ChainBlock(
                 output=lay.outputs[j],
@@ -167,9 +179,14 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
                 forward_time=stats.forward_time,
                 forward_peak=stats.forward_peak,
                 options=[_to_graph(dag, o, lay.outputs[j], input_value) for o in options],
+                ilps_limited=limited,
             )
         )
     return out
+
+
+def _store_all_option(dag: Dag) -> list[Simulated]:
+    return [simulated(dag, _store_all(dag))]
 
 
 def _store_all(dag: Dag) -> list[int]:
@@ -202,34 +219,34 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-def block_options(dag: Dag) -> list[Simulated]:
-    """Options of one block over the budget grid, dominated ones dropped. The run lists are
-    cached per block shape (in memory, the last MEMORY_ENTRIES shapes, and on disk);
-    figures are simulated for this block."""
+def block_options(dag: Dag) -> tuple[list[Simulated], int]:
+    """Options of one block over the budget grid, dominated ones dropped, and how many of
+    the block ILPs behind them stopped at a limit. The run lists are cached per block shape
+    (in memory, the last MEMORY_ENTRIES shapes, and on disk); figures are simulated here."""
     key = _dag_key(dag)
-    runs = _MEMORY.pop(key, None)
-    if runs is None:
-        runs = _load(key)
-    if runs is None:
-        runs = _compute_options(dag)
-        _save(key, runs)
-    _MEMORY[key] = runs  # most recently used last
+    computed = _MEMORY.pop(key, None) or _load(key)
+    if computed is None:
+        computed = _compute_options(dag)
+        _save(key, computed)
+    _MEMORY[key] = computed  # most recently used last
     while len(_MEMORY) > MEMORY_ENTRIES:
         _MEMORY.pop(next(iter(_MEMORY)))
-    return [simulated(dag, r) for r in runs]
+    return [simulated(dag, r) for r in computed.runs], computed.limited
 
 
-def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
+def _compute_options(dag: Dag) -> _Computed:
     full = simulated(dag, _store_all(dag))
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
     found = [full, *keep_set_options(dag, full)]
+    limited = 0
     if any(op.backward for op in dag.ops):
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
             budget = top - int((1 - frac) * activations)
             result = solve_ilp(dag, budget, DEFAULT_SOLVER, ILP_SECONDS, node_limit=ILP_NODES)
             if result is None:
                 break
+            limited += not result.optimal
             if result.limit is not None and "s limit" in result.limit:
                 log.warning(
                     "a block ILP at %d bytes hit its %s: options depend on load",
@@ -241,7 +258,7 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
             except InvalidPlan as e:
                 log.warning("a block ILP's schedule does not simulate, dropped: %s", e)
                 continue
-    return [o.runs for o in _undominated(dag, found)]
+    return _Computed([o.runs for o in _undominated(dag, found)], limited)
 
 
 def _undominated(dag: Dag, options: list[Simulated]) -> list[Simulated]:
@@ -295,7 +312,7 @@ def _cache_dir() -> Path | None:
     return None if where in ("", "off") else Path(where)
 
 
-def _load(key: str) -> list[tuple[int, ...]] | None:
+def _load(key: str) -> _Computed | None:
     folder = _cache_dir()
     path = folder / f"options-{key}.json" if folder else None
     if path is None or not path.exists():
@@ -304,20 +321,25 @@ def _load(key: str) -> list[tuple[int, ...]] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, list) and all(
-        isinstance(r, list) and all(isinstance(i, int) for i in r) for r in data
-    )
-    return [tuple(r) for r in data] if ok else None
+    if not isinstance(data, dict) or not isinstance(data.get("limited"), int):
+        return None
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs:
+        return None
+    ok = all(isinstance(r, list) and all(isinstance(i, int) for i in r) for r in runs)
+    return _Computed([tuple(r) for r in runs], data["limited"]) if ok else None
 
 
-def _save(key: str, runs: list[tuple[int, ...]]) -> None:
+def _save(key: str, computed: _Computed) -> None:
     folder = _cache_dir()
     if folder is None:
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"options-{key}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps([list(r) for r in runs]))
+        tmp.write_text(
+            json.dumps({"runs": [list(r) for r in computed.runs], "limited": computed.limited})
+        )
         tmp.replace(folder / f"options-{key}.json")
     except OSError:
         pass
