@@ -12,9 +12,10 @@ internals). A torch upgrade should touch this file alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,28 @@ class Trace:
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     """Trace one forward+backward of `model` on inputs shaped like `example_inputs`."""
+    with _tensors_restored(model):
+        return _capture(model, example_inputs)
+
+
+@contextlib.contextmanager
+def _tensors_restored(model: nn.Module) -> Iterator[None]:
+    """Put every parameter and buffer back afterwards: `functional_call` leaves its fake
+    substitutes in a submodule registered under two names (a Siamese network's shared tower:
+    `self.tower_b = self.tower_a`), and the model would then run on fake tensors."""
+    saved = [
+        (m, n, t)
+        for m in model.modules()
+        for n, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+    ]
+    try:
+        yield
+    finally:
+        for m, n, t in saved:
+            setattr(m, n, t)
+
+
+def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     inputs = list(example_inputs)
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
