@@ -15,10 +15,11 @@ keep-graph flag). A torch upgrade should touch these four files and no other.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,6 +159,28 @@ def _first_difference(theirs: list, mine: list) -> str:
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     """Trace one forward+backward of `model` on inputs shaped like `example_inputs`."""
+    with _tensors_restored(model):
+        return _capture(model, example_inputs)
+
+
+@contextlib.contextmanager
+def _tensors_restored(model: nn.Module) -> Iterator[None]:
+    """Put every parameter and buffer back afterwards: `functional_call` leaves its fake
+    substitutes in a submodule registered under two names (a Siamese network's shared tower:
+    `self.tower_b = self.tower_a`), and the model would then run on fake tensors."""
+    saved = [
+        (m, n, t)
+        for m in model.modules()
+        for n, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+    ]
+    try:
+        yield
+    finally:
+        for m, n, t in saved:
+            setattr(m, n, t)
+
+
+def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     inputs = list(example_inputs)
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):

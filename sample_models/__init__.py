@@ -14,6 +14,8 @@ from .gpt import GPT, GPTConfig
 from .mlp import MLP, MLPConfig
 from .regnet import RegNet, RegNetConfig
 from .resnet import ResNet, ResNetConfig
+from .two_tower import TwoTower, TwoTowerConfig
+from .unet import UNet, UNetConfig
 from .vit import ViT, ViTConfig
 
 __all__ = ["REGISTRY", "SMALL", "Preset", "build", "describe", "names"]
@@ -43,6 +45,13 @@ class Preset:
             idx = torch.randint(0, c.vocab_size, (b, c.block_size), generator=g)
             targets = torch.randint(0, c.vocab_size, (b, c.block_size), generator=g)
             return idx, targets
+        if isinstance(c, UNetConfig):  # noisy images, diffusion timesteps, the noise to predict
+            x = torch.randn(b, c.in_chans, c.image_size, c.image_size, generator=g)
+            t = torch.randint(0, 1000, (b,), generator=g)
+            return x, t, torch.randn(x.shape, generator=g)
+        if isinstance(c, TwoTowerConfig):
+            a, x = torch.randn(b, c.in_a, generator=g), torch.randn(b, c.in_b, generator=g)
+            return a, x, torch.randint(0, c.num_classes, (b,), generator=g)
         if isinstance(c, MLPConfig):
             x = torch.randn(b, c.in_features, generator=g)
         else:
@@ -121,6 +130,22 @@ def _mlp(n_layer, width, in_features, batch, classes, size) -> Preset:
     return Preset(MLP, config, batch, desc)
 
 
+def _unet(channels, image, batch, groups, time_dim, n_head, size) -> Preset:
+    config = UNetConfig(image, 3, tuple(channels), groups, time_dim, n_head)
+    desc = (
+        f"diffusion U-Net, {size}: channels {list(channels)}, attention at {image >> (len(channels) - 1)}px, "
+        f"{batch}x3x{image}x{image}"
+    )
+    return Preset(UNet, config, batch, desc)
+
+
+def _two_tower(in_features, width, depth_a, depth_b, shared, batch, size) -> Preset:
+    config = TwoTowerConfig(in_features, in_features, width, depth_a, depth_b, shared)
+    towers = f"shared tower of {depth_a}" if shared else f"towers of {depth_a} and {depth_b}"
+    desc = f"two-tower join, {size}: {towers} residual MLP layers, width {width}, batch {batch}"
+    return Preset(TwoTower, config, batch, desc)
+
+
 REGISTRY: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "gpt-1layer": _gpt(1, 32, 2, vocab=64, seq=32, batch=2, size="1-layer"),
     "gpt-tiny": _gpt(2, 64, 2, vocab=256, seq=64, batch=4, size="tiny"),
@@ -147,6 +172,11 @@ REGISTRY: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = 
     "mlp": _mlp(8, 1024, 1024, batch=64, classes=10, size="medium"),
     # a large batch makes activations, not gradients, the bulk of memory: room to recompute
     "mlp-batch": _mlp(6, 128, 128, batch=512, classes=10, size="large-batch"),
+    "unet-tiny": _unet((8, 16, 32), 16, batch=2, groups=4, time_dim=32, n_head=2, size="tiny"),
+    "unet-small": _unet((32, 64, 128), 32, batch=8, groups=8, time_dim=128, n_head=4, size="small"),
+    "two-tower-tiny": _two_tower(32, 32, 2, 1, shared=False, batch=8, size="tiny"),
+    "siamese-tiny": _two_tower(32, 32, 2, 2, shared=True, batch=8, size="tiny"),
+    "two-tower-small": _two_tower(256, 256, 4, 2, shared=False, batch=256, size="small"),
 }
 
 # One quick preset per family, for fast tests.

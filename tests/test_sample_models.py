@@ -2,8 +2,11 @@ import math
 
 import pytest
 import torch
+from helpers import measured_step
 
+import core
 import sample_models
+from core.tradeoff import minimum_budget
 from sample_models import REGISTRY, SMALL, build, describe, names
 
 BIG = {"gpt2-small", "resnet50", "vit-small", "regnet-small", "mlp"}
@@ -87,3 +90,33 @@ def test_gpt_loss_near_uniform_at_init():
     loss = model(*inputs)
     vocab = sample_models.REGISTRY["gpt-1layer"].config.vocab_size
     assert abs(loss.item() - math.log(vocab)) < 0.5
+
+
+JOINS = ["unet-tiny", "two-tower-tiny", "siamese-tiny"]  # graphs that are not chains
+
+
+@pytest.mark.parametrize("name", JOINS)
+def test_join_models_plan_and_run_exactly(name):
+    """Skips, two towers, a shared tower: Rockmate's plans at 80% and at its minimum run with
+    eager's loss, gradients and batch-norm statistics, and the peak the simulator predicted
+    (+4 bytes: the scalar seed of loss.backward())."""
+    model, inputs = build(name)
+    problem = core.analyze(model, inputs)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())  # not left fake
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
+    eager_state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert any(not torch.equal(v, start[k]) for k, v in eager_state.items()) == ("unet" in name)
+    lowest = minimum_budget(problem, "rockmate")
+    for budget in (max(int(0.8 * problem.store_all_peak), lowest), lowest):
+        plan = core.solve(problem, budget, "rockmate")
+        model.load_state_dict(start)
+        run = core.apply_plan(model, plan)
+        peak, loss, grads = measured_step(model, inputs, seed=3, run=run)
+        assert peak == plan.predicted_peak + 4
+        assert loss == eager_loss
+        assert grads.keys() == eager_grads.keys()
+        for key, grad in grads.items():
+            torch.testing.assert_close(grad, eager_grads[key], rtol=0, atol=0, msg=key)
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(value, eager_state[key], rtol=0, atol=0, msg=key)

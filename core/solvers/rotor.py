@@ -13,6 +13,12 @@ Memory is counted in slots (sizes rounded up, budgets down); the table is comput
 to the store-all peak and memoised per problem, so a new budget is a table read, the
 program and one simulation.
 
+Like Rotor's, the recurrence is optimal among persistent schedules only: a block output that
+a forward reads while it stays live (a checkpoint) is kept until the backward that reads it.
+Dropping a used checkpoint and getting it back later from an earlier one can be cheaper (a
+4-block case: 11 against the table's 12, pinned in tests/test_solver_properties.py); the
+table never claims less time than its schedule takes.
+
 Method "rotor" gives each block a single option, keeping everything its backward reads.
 """
 
