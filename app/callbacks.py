@@ -6,7 +6,7 @@ import os
 import tempfile
 import traceback
 
-from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
+from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update, set_props
 from dash.exceptions import PreventUpdate
 
 import core
@@ -104,7 +104,6 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.ERROR, "children"),
         Output(ids.ERROR, "hidden"),
         Output(ids.METHOD, "options"),
-        Output(ids.METHOD, "value"),
         Output(ids.BUDGET, "min"),
         Output(ids.BUDGET, "marks"),
         Output(ids.BUDGET, "value"),
@@ -120,7 +119,7 @@ def register(app: Dash, studio: Studio) -> None:
         if not context:
             raise PreventUpdate
         if context["error"]:
-            return (context["error"], False) + (no_update,) * 8
+            return (context["error"], False) + (no_update,) * 7
         key = context["key"]
         problem = studio.problem(key)
         lo = context["min_pct"]
@@ -130,12 +129,18 @@ def register(app: Dash, studio: Studio) -> None:
         marks = {lo: f"{lo:g}%", 100: "100%"}
         options = [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]]
         graph = problem.graph
-        elements = figures.graph_elements(problem.blocks, graph.ops, graph.values)
+        elements = figures.graph_elements(
+            problem.blocks, graph.ops, graph.values, figures.graph_prefix(key)
+        )
+        if context["method"] != method:
+            # not an Output: METHOD is an Input of `prepare`, and a declared cycle
+            # (prepare -> CONTEXT -> here -> METHOD -> prepare) made Dash's renderer hold back
+            # every later `prepare` request while one ran (a device changed meanwhile was lost)
+            set_props(ids.METHOD, {"value": context["method"]})
         return (
             "",
             True,
             options,
-            context["method"] if context["method"] != method else no_update,
             lo,
             marks,
             value,
@@ -229,14 +234,17 @@ def register(app: Dash, studio: Studio) -> None:
         if plan is None:
             return figures.graph_stylesheet(), "", ""
         fates = op_fates(problem, plan)
+        prefix = figures.graph_prefix(plan_ref["key"])
         if step is None or step >= len(plan.program):
             return (
-                figures.graph_stylesheet(fates),
+                figures.graph_stylesheet(fates, prefix=prefix),
                 f"{len(plan.program)} steps",
                 "Press play or step to walk through the program.",
             )
         view = step_view(problem, plan, step)
-        sheet = figures.graph_stylesheet(fates, view["running"], view["live"], view["block"])
+        sheet = figures.graph_stylesheet(
+            fates, view["running"], view["live"], view["block"], prefix
+        )
         return sheet, view["label"], view["why"]
 
     @app.callback(
@@ -301,10 +309,9 @@ def register(app: Dash, studio: Studio) -> None:
         plan, problem = _plan(studio, plan_ref)
         if problem is None:
             raise PreventUpdate
-        nid = node.get("parent") or node["id"]
-        if not nid.startswith("b"):
+        if node.get("block") is None:
             raise PreventUpdate
-        block = problem.blocks[int(nid[1:])]
+        block = problem.blocks[int(node["block"])]
         fate_of = {}
         if plan is not None:
             for fate, ops in op_fates(problem, plan).items():

@@ -7,6 +7,7 @@ decimated to `MAX_POINTS` points per trace keeping each bucket's highest step, s
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -290,12 +291,25 @@ DX, DY = 70, 34
 BLOCKS_PER_ROW = 6
 
 
-def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any]) -> list:
+def graph_prefix(key: str) -> str:
+    """The element-id prefix of one analysed model's graph.
+
+    Ids must differ between models: with `o66` in two models, cytoscape kept the old node
+    (under its old parent) while adding the new edges, failed ("nonexistant target 'o66'"),
+    and left the first model's skeleton under every later one.
+    """
+    return "g" + hashlib.sha1(key.encode()).hexdigest()[:8] + "-"
+
+
+def graph_elements(
+    blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any], prefix: str = ""
+) -> list:
     """Cytoscape elements with preset positions: one compound box per block (tinted by kind),
     its forward ops inside in columns, and an edge for each forward value read in the forward.
 
     `blocks` are `core.blocks.Block`-like (index, name, kind, forward_ops), `ops` and `values`
-    the graph's `Op`/`Value` records.
+    the graph's `Op`/`Value` records; every id starts with `prefix` (see `graph_prefix`), and
+    the data carry the block and op indices.
     """
     elements: list[dict] = []
     forward = set()
@@ -306,7 +320,8 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
         elements.append(
             {
                 "data": {
-                    "id": f"b{block.index}",
+                    "id": f"{prefix}b{block.index}",
+                    "block": block.index,
                     "label": f"block {block.index} · {block.name}",
                     "kind": block.kind,
                 },
@@ -321,8 +336,10 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
             elements.append(
                 {
                     "data": {
-                        "id": f"o{o}",
-                        "parent": f"b{block.index}",
+                        "id": f"{prefix}o{o}",
+                        "parent": f"{prefix}b{block.index}",
+                        "block": block.index,
+                        "op": o,
                         "label": op.label.removeprefix("aten."),
                         "name": op.name,
                     },
@@ -336,7 +353,15 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
     for v, p in producer_op.items():
         for c in values[v].consumers:
             if c in forward:
-                elements.append({"data": {"id": f"e{v}-{c}", "source": f"o{p}", "target": f"o{c}"}})
+                elements.append(
+                    {
+                        "data": {
+                            "id": f"{prefix}e{v}-{c}",
+                            "source": f"{prefix}o{p}",
+                            "target": f"{prefix}o{c}",
+                        }
+                    }
+                )
     return elements
 
 
@@ -345,10 +370,11 @@ def graph_stylesheet(
     running: Sequence[int] = (),
     live: Sequence[int] = (),
     block: int | None = None,
+    prefix: str = "",
 ) -> list[dict]:
     """Base style, plus: forward ops coloured by their fate in the plan (op indices per fate),
     the op(s) running at the step-through position, ops whose results are alive there, and the
-    block running."""
+    block running (ids under `prefix`, as in `graph_elements`)."""
     sheet: list[dict] = [
         {
             "selector": "node.op",
@@ -386,28 +412,28 @@ def graph_stylesheet(
         if ids:
             sheet.append(
                 {
-                    "selector": ", ".join(f"#o{o}" for o in ids),
+                    "selector": ", ".join(f"#{prefix}o{o}" for o in ids),
                     "style": {"background-color": FATE_COLORS[fate]},
                 }
             )
     if live:
         sheet.append(
             {
-                "selector": ", ".join(f"#o{o}" for o in live),
+                "selector": ", ".join(f"#{prefix}o{o}" for o in live),
                 "style": {"border-width": 3, "border-color": MARKER_COLOR},
             }
         )
     if block is not None:
         sheet.append(
             {
-                "selector": f"#b{block}",
+                "selector": f"#{prefix}b{block}",
                 "style": {"border-width": 3, "border-color": MARKER_COLOR},
             }
         )
     if running:
         sheet.append(
             {
-                "selector": ", ".join(f"#o{o}" for o in running),
+                "selector": ", ".join(f"#{prefix}o{o}" for o in running),
                 "style": {
                     "width": 24,
                     "height": 24,

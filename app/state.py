@@ -7,6 +7,7 @@ results (see `app.cache`) and reads plans back as plain numbers for the figures.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +32,10 @@ METHOD_LABELS = {
     "sqrt_n": "√n checkpoints (Chen et al.)",
 }
 DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
+
+# Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
+# threads at once failed with "CURRENT_PATCHER is None". One analysis at a time.
+_ANALYZE = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,16 @@ class Studio:
                 check_cancelled()
                 report(stage, frac)
 
-            return core.analyze(
-                model,
-                inputs,
-                costs=costs,
-                device="cpu" if device == "here" else device,
-                name=model_name,
-                progress=tick,
-            )
+            with _ANALYZE:
+                check_cancelled()
+                return core.analyze(
+                    model,
+                    inputs,
+                    costs=costs,
+                    device="cpu" if device == "here" else device,
+                    name=model_name,
+                    progress=tick,
+                )
 
         return self.problems.get_or_make(key, make)
 

@@ -83,6 +83,22 @@ def test_graph_stylesheet_colours_fates_and_highlights():
     assert "#o1, #o2" in selectors and "#o3" in selectors
 
 
+def test_graph_ids_differ_between_models_and_stylesheets_follow_them():
+    a, b = figures.graph_prefix("resnet18|estimated|cpu"), figures.graph_prefix("vit-small|x|y")
+    assert a != b
+    block = SimpleNamespace(index=0, name="b", kind=0, forward_ops=[0, 1])
+    ops = [SimpleNamespace(label="aten.mm", name=f"mm_{i}", outputs=[i]) for i in range(2)]
+    values = [
+        SimpleNamespace(index=0, producer=0, consumers=[1]),
+        SimpleNamespace(index=1, producer=1, consumers=[]),
+    ]
+    ids_a = {e["data"]["id"] for e in figures.graph_elements([block], ops, values, a)}
+    ids_b = {e["data"]["id"] for e in figures.graph_elements([block], ops, values, b)}
+    assert ids_a.isdisjoint(ids_b) and all(i.startswith(a) for i in ids_a)
+    sheet = figures.graph_stylesheet({"kept": [1]}, prefix=a)
+    assert any(r["selector"] == f"#{a}o1" for r in sheet)
+
+
 def test_lru_keeps_at_most_size_and_evicts_least_recent():
     cache = LRU(2)
     cache.put("a", 1)

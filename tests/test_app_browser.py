@@ -189,7 +189,7 @@ def test_step_through_moves_the_highlight(ready):
 
 def test_clicking_a_block_lists_its_ops(ready):
     page = ready
-    page.evaluate(f"() => ({CY})().$('#b1').emit('tap')")
+    page.evaluate(f"() => ({CY})().nodes('.block').filter(n => n.data('block') === 1).emit('tap')")
     page.wait_for_selector(f"#{ids.BLOCK_PANEL} table.ops")
     assert re.search(r"block 1 · ", page.inner_text(f"#{ids.BLOCK_PANEL}"))
 

@@ -74,7 +74,7 @@ def test_a_setting_changed_during_an_analysis_is_applied(served, page):
     )
     choose(page, ids.DEVICE, "a100")
     page.locator(f"#{ids.PROGRESS}").wait_for(state="visible", timeout=30_000)
-    page.get_by_label("measured here").check()  # while a100's analysis runs
+    page.check(f"#{ids.COSTS} input[value=measured]")  # while a100's analysis runs
     page.wait_for_function(
         "() => /measured/i.test(document.querySelector('#intro').textContent)", timeout=180_000
     )
