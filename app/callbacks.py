@@ -6,7 +6,19 @@ import os
 import tempfile
 import traceback
 
-from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update, set_props
+from dash import (
+    ClientsideFunction,
+    Dash,
+    Input,
+    Output,
+    Patch,
+    State,
+    ctx,
+    dcc,
+    html,
+    no_update,
+    set_props,
+)
 from dash.exceptions import PreventUpdate
 
 import core
@@ -17,7 +29,10 @@ from app.state import (
     BASELINES,
     METHOD_LABELS,
     Studio,
+    next_recompute,
     op_fates,
+    peak_hint,
+    peak_step,
     percent,
     slider_minimum,
     step_view,
@@ -56,19 +71,19 @@ def register(app: Dash, studio: Studio) -> None:
         """Analyse the model (trace, costs, blocks) and the method's trade-off, in the background."""
         key = studio.key(model, costs, device)
 
-        def report(stage: str, frac: float) -> None:
-            set_progress([str(int(80 * frac)), f"{model}: {stage}…"])
+        def report(stage: str, frac: float) -> None:  # the analysis is 2-75% of the bar
+            set_progress([str(int(2 + 73 * frac)), f"{model}: {stage}…"])
 
         try:
             problem = studio.problem(key, report)
             methods = studio.methods(problem)
             if method not in methods:
                 method = studio.default_method()
-            set_progress(["85", f"{model}: solving {method} at several budgets…"])
+            set_progress(["78", f"{model}: solving {method} at several budgets…"])
             minimum = studio.minimum(key, method)
-            for m in BASELINES:
-                if m in methods:
-                    studio.tradeoff(key, m)
+            for i, m in enumerate(m for m in BASELINES if m in methods):
+                set_progress([str(85 + 5 * i), f"{model}: the trade-off of {m}…"])
+                studio.tradeoff(key, m)
             peak = problem.store_all_peak
             numbers = {
                 "store_all_peak": peak,
@@ -91,6 +106,7 @@ def register(app: Dash, studio: Studio) -> None:
                 "peak": peak,
                 "minimum": minimum,
                 "min_pct": slider_minimum(minimum, peak),
+                "min_text": f"{slider_minimum(minimum, peak):g}% ({fmt(minimum)})",
                 "numbers": numbers,
                 "error": None,
             }
@@ -149,6 +165,16 @@ def register(app: Dash, studio: Studio) -> None:
             _tradeoff(studio, context, value),
         )
 
+    app.clientside_callback(
+        ClientsideFunction("remat", "typedBudget"),
+        Output(ids.BUDGET, "value", allow_duplicate=True),
+        Output(ids.BUDGET_MESSAGE, "children"),
+        Output(ids.BUDGET_MESSAGE, "hidden"),
+        Input(ids.BUDGET_INPUT, "value"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
+
     @app.callback(
         Output(ids.TIMELINE, "figure"),
         Output(ids.PEAK, "children"),
@@ -160,6 +186,8 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.PLAN_ERROR, "children"),
         Output(ids.PLAN_ERROR, "hidden"),
         Output(ids.STEP, "data"),
+        Output(ids.BUDGET_HINT, "children"),
+        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
         Input(ids.BUDGET, "value"),
         Input(ids.CONTEXT, "data"),
         State(ids.STEP, "data"),
@@ -175,7 +203,7 @@ def register(app: Dash, studio: Studio) -> None:
         try:
             plan = studio.plan(key, method, budget)
         except Exception as err:
-            return (no_update,) * 5 + (label, None, plain_error(err), False, None)
+            return (no_update,) * 5 + (label, None, plain_error(err), False, None, "", True)
         problem = studio.problem(key)
         fig = figures.timeline_figure(
             plan.timeline,
@@ -196,6 +224,8 @@ def register(app: Dash, studio: Studio) -> None:
             "",
             True,
             None if step is not None else no_update,
+            peak_hint(plan.timeline),
+            True,
         )
 
     @app.callback(
@@ -271,13 +301,18 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.STEP_NEXT, "n_clicks"),
         Input(ids.STEP_BACK, "n_clicks"),
         Input(ids.STEP_RESET, "n_clicks"),
+        Input(ids.JUMP_PEAK, "n_clicks"),
+        Input(ids.JUMP_RECOMPUTE, "n_clicks"),
         Input(ids.TICKER, "n_intervals"),
         State(ids.STEP, "data"),
         State(ids.TICKER, "disabled"),
+        State(ids.SPEED, "value"),
         State(ids.PLAN, "data"),
         prevent_initial_call=True,
     )
-    def step_through(_play, _next, _back, _reset, _tick, step, paused, plan_ref):
+    def step_through(
+        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
+    ):
         plan, _ = _plan(studio, plan_ref)
         if plan is None:
             raise PreventUpdate
@@ -290,12 +325,37 @@ def register(app: Dash, studio: Studio) -> None:
             return no_update, True, "▶ play"
         if trigger == ids.STEP_RESET:
             return 0, True, "▶ play"
+        if trigger == ids.JUMP_PEAK:
+            return peak_step(plan.timeline), True, "▶ play"
+        if trigger == ids.JUMP_RECOMPUTE:
+            target = next_recompute(plan.timeline, step)
+            return (no_update if target is None else target), True, "▶ play"
         if trigger == ids.STEP_BACK:
             return max(0, (step or 0) - 1), no_update, no_update
-        nxt = 0 if step is None else step + 1
+        stride = (speed or 1) if trigger == ids.TICKER else 1
+        nxt = 0 if step is None else step + stride
         if nxt >= last:
             return last, True, "▶ play"
         return nxt, no_update, no_update
+
+    @app.callback(
+        Output(ids.GRAPH_HOVER, "children"),
+        Input(ids.GRAPH, "mouseoverNodeData"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def hover_op(node, plan_ref):
+        """Name the op under the mouse: ATen op, bytes it allocates, what the plan does."""
+        plan, problem = _plan(studio, plan_ref)
+        if not node or node.get("op") is None or problem is None:
+            raise PreventUpdate
+        graph = problem.graph
+        op = graph.ops[int(node["op"])]
+        fate = next((f for f, ops in op_fates(problem, plan).items() if op.index in ops), "")
+        out = fmt_bytes(sum(graph.values[v].nbytes for v in op.outputs))
+        return f"{op.name}: {op.label}, block {node['block']}, allocates {out}" + (
+            f"; {figures.FATE_TEXT[fate]}" if fate else ""
+        )
 
     @app.callback(
         Output(ids.BLOCK_PANEL, "children"),

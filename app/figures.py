@@ -29,6 +29,15 @@ FATE_TEXT = {
     "recomputed": "freed in the forward, recomputed in the backward",
     "freed": "freed after its last use (the backward does not need it)",
 }
+# one colour per method, whichever is selected
+METHOD_COLORS = {
+    "rockmate": "#4c78a8",
+    "rotor": "#f58518",
+    "checkmate": "#b279a2",
+    "store_all": "#54a24b",
+    "checkpoint_blocks": "#9d755d",
+    "sqrt_n": "#72b7b2",
+}
 BLOCK_TINTS = ["#e8f0fb", "#fdf0e2", "#e9f5e8", "#f7e8f2", "#eef0d9", "#e6f4f4", "#f3e9dc"]
 
 # trace order in the timeline figure: callbacks patch traces by these indices
@@ -88,7 +97,8 @@ def timeline_figure(
     def where(s: Any) -> str:
         block = block_names[s.block] if 0 <= s.block < len(block_names) else ""
         verb = "recompute" if s.recompute else ("run" if s.kind == "run" else "free")
-        return f"step {s.index}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
+        # counted from 1, as the stepper counts
+        return f"step {s.index + 1}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
 
     text = [where(steps[i]) for i in keep]
     traces: list[dict] = []
@@ -235,8 +245,7 @@ def tradeoff_figure(
     """
     order = [current] + [m for m in curves if m != current]
     traces = []
-    palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2"]
-    for i, method in enumerate(m for m in order if m in curves):
+    for method in (m for m in order if m in curves):
         pts = sorted(curves[method])
         traces.append(
             {
@@ -245,8 +254,12 @@ def tradeoff_figure(
                 "name": labels.get(method, method),
                 "x": [round(p[0], 2) for p in pts],
                 "y": [round(p[1], 2) for p in pts],
-                "line": {"width": 3 if method == current else 1.5, "shape": "hv"},
-                "marker": {"size": 9 if method == current else 6, "color": palette[i % 6]},
+                "line": {
+                    "width": 3 if method == current else 1.5,
+                    "shape": "hv",
+                    "color": method_color(method),
+                },
+                "marker": {"size": 9 if method == current else 6, "color": method_color(method)},
                 "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>"
                 + labels.get(method, method)
                 + "</extra>",
@@ -267,6 +280,11 @@ def tradeoff_figure(
             "clickmode": "event",
         },
     }
+
+
+def method_color(method: str) -> str:
+    """The method's own colour (a grey for methods without one)."""
+    return METHOD_COLORS.get(method, "#7f7f7f")
 
 
 def budget_shape(budget_pct: float | None) -> dict:
@@ -380,7 +398,8 @@ def graph_stylesheet(
             "selector": "node.op",
             "style": {
                 "label": "data(label)",
-                "font-size": 9,
+                "font-size": 11,
+                "min-zoomed-font-size": 7,  # hidden when zoomed out too far to read
                 "width": 14,
                 "height": 14,
                 "background-color": "#9aa5b1",

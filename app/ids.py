@@ -7,6 +7,9 @@ DEVICE = "device"
 METHOD = "method"
 BUDGET = "budget"  # dcc.Slider, % of the store-all peak
 BUDGET_BYTES = "budget-bytes"
+BUDGET_INPUT = "budget-input"  # typed budget (% of the store-all peak), commits on Enter or blur
+BUDGET_MESSAGE = "budget-message"  # why a typed budget was refused, with the minimum
+BUDGET_HINT = "budget-hint"  # what sets this model's peak (e.g. parameter gradients)
 
 # background work
 PROGRESS = "progress"
@@ -34,6 +37,7 @@ SOLVE_TIME = "num-solve-time"
 INTRO = "intro"
 GRAPH = "graph"
 GRAPH_LEGEND = "graph-legend"
+GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"
 TIMELINE = "timeline"
 TRADEOFF = "tradeoff"
@@ -49,5 +53,8 @@ STEP_BACK = "step-back"
 STEP_NEXT = "step-next"
 STEP_RESET = "step-reset"
 TICKER = "ticker"  # dcc.Interval driving play
+SPEED = "speed"  # steps per tick of play
+JUMP_PEAK = "jump-peak"
+JUMP_RECOMPUTE = "jump-recompute"
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"

@@ -10,6 +10,16 @@ from app.figures import FATE_COLORS, FATE_TEXT, graph_stylesheet
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
 
+TICK_MS = 250  # play's tick; SPEEDS are steps per tick
+SPEEDS = (1, 5, 25, 100)
+COST_WORDS = {
+    "cpu": "a CPU",
+    "a100": "an A100",
+    "h100": "an H100",
+    "v100": "a V100",
+    "rtx4090": "an RTX 4090",
+}
+
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")
 model = core.apply_plan(model, plan)
@@ -77,7 +87,7 @@ def build_layout(
             dcc.Store(id=ids.CONTEXT),
             dcc.Store(id=ids.PLAN),
             dcc.Store(id=ids.STEP),
-            dcc.Interval(id=ids.TICKER, interval=400, disabled=True),
+            dcc.Interval(id=ids.TICKER, interval=TICK_MS, disabled=True),
             dcc.Download(id=ids.DOWNLOAD),
         ],
     )
@@ -143,18 +153,43 @@ def _budget_row():
                         ["budget ", html.Span(id=ids.BUDGET_BYTES, className="bytes")],
                         className="budget-label",
                     ),
-                    dcc.Slider(
-                        min=0,
-                        max=100,
-                        step=0.5,
-                        value=None,
-                        id=ids.BUDGET,
-                        marks=None,
-                        tooltip={"placement": "bottom", "always_visible": False},
+                    html.Div(
+                        className="budget-inputs",
+                        children=[
+                            dcc.Slider(
+                                min=0,
+                                max=100,
+                                step=0.5,
+                                value=None,
+                                id=ids.BUDGET,
+                                marks=None,
+                                allow_direct_input=False,
+                                tooltip={"placement": "bottom", "always_visible": False},
+                                className="slider",
+                            ),
+                            html.Label(
+                                [
+                                    dcc.Input(
+                                        id=ids.BUDGET_INPUT,
+                                        type="text",
+                                        debounce=True,  # commits on Enter or blur
+                                        size="6",
+                                        inputMode="decimal",
+                                    ),
+                                    " %",
+                                ],
+                                className="budget-typed",
+                                title="type a budget in % of the store-all peak, then Enter",
+                            ),
+                        ],
+                    ),
+                    html.Div(
+                        id=ids.BUDGET_MESSAGE, className="message warn", role="alert", hidden=True
                     ),
                     html.Div(
                         id=ids.PLAN_ERROR, className="message warn", role="alert", hidden=True
                     ),
+                    html.P(id=ids.BUDGET_HINT, className="hint"),
                 ],
             ),
             _number("predicted peak", ids.PEAK),
@@ -189,6 +224,7 @@ def _graph_card():
             boxSelectionEnabled=False,
         ),
         html.Div(legend, id=ids.GRAPH_LEGEND, className="legend"),
+        html.Div("Point at an op to name it.", id=ids.GRAPH_HOVER, className="hint"),
         html.Div(id=ids.BLOCK_PANEL, className="block-panel"),
     ]
 
@@ -208,6 +244,23 @@ def _timeline_card():
                 html.Button("◀", id=ids.STEP_BACK, title="previous step"),
                 html.Button("▶ play", id=ids.PLAY, title="play / pause"),
                 html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
+                html.Label(
+                    [
+                        "speed ",
+                        dcc.Dropdown(
+                            [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
+                            1,
+                            id=ids.SPEED,
+                            clearable=False,
+                            searchable=False,
+                        ),
+                    ],
+                    className="speed",
+                ),
+                html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
+                html.Button(
+                    "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
+                ),
                 html.Span(id=ids.STEP_TEXT, className="step-text"),
             ],
         ),
@@ -246,7 +299,8 @@ def intro(name: str, description: str, numbers: dict) -> list:
                 "pass uses it. For ",
                 html.B(name),
                 f" ({description}) that is a peak of {fmt_bytes(sa_peak)} beyond parameters "
-                f"and inputs, for a step of {_fmt_time(sa_time)} ({numbers['cost_model']} costs).",
+                f"and inputs, for a step of {_fmt_time(sa_time)} "
+                f"({cost_words(numbers['cost_model'])}).",
             ]
         )
     ]
@@ -264,6 +318,14 @@ def intro(name: str, description: str, numbers: dict) -> list:
             )
         )
     return parts
+
+
+def cost_words(cost_model: str) -> str:
+    """The cost model in words: "estimated:cpu" -> "op times estimated for a CPU"."""
+    kind, _, device = cost_model.partition(":")
+    if kind == "measured":
+        return "op times measured on this machine"
+    return f"op times estimated for {COST_WORDS.get(device, device)}"
 
 
 def _fmt_time(seconds: float) -> str:

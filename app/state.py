@@ -79,10 +79,11 @@ class Studio:
             report = progress or (lambda stage, frac: None)
             report("building the model", 0.0)
             model, inputs = self.builders[model_name]()
+            report("waiting for another analysis to finish", 0.1)
 
-            def tick(stage: str, frac: float) -> None:
+            def tick(stage: str, frac: float) -> None:  # the analysis is 10-100%
                 check_cancelled()
-                report(stage, frac)
+                report(stage, 0.1 + 0.9 * frac)
 
             with _ANALYZE:
                 check_cancelled()
@@ -244,6 +245,36 @@ def step_view(problem, plan, i: int) -> dict:
         "why": why,
         "label": f"step {i + 1} of {len(plan.program)} · {step.phase}",
     }
+
+
+def peak_step(timeline) -> int:
+    """The program step where live memory is highest (the first, on ties)."""
+    totals = [s.activations + s.temporaries + s.gradients for s in timeline]
+    return totals.index(max(totals)) if totals else 0
+
+
+def next_recompute(timeline, step: int | None) -> int | None:
+    """The first recomputing step after `step` (wrapping round), or None if none."""
+    recomputes = [s.index for s in timeline if s.recompute]
+    if not recomputes:
+        return None
+    return next((i for i in recomputes if step is None or i > step), recomputes[0])
+
+
+def peak_hint(timeline) -> str:
+    """A sentence when parameter gradients make up most of the peak: then recomputing
+    activations can only move the peak a little (conv nets, small batches)."""
+    if not timeline:
+        return ""
+    s = timeline[peak_step(timeline)]
+    total = s.activations + s.temporaries + s.gradients
+    if not total or s.gradients < total / 2:
+        return ""
+    return (
+        f"At this plan's peak, {_fmt(s.gradients)} of {_fmt(total)} are parameter gradients: "
+        "the backward must produce them and the budget counts them, but recomputing "
+        "activations cannot shrink them, so lower budgets save little on this model."
+    )
 
 
 def _bytes(op, graph) -> str:

@@ -203,3 +203,47 @@ def test_an_untraceable_model_shows_its_error(ready):
     page.screenshot(path=str(SHOTS / "error.png"))
     choose(page, ids.MODEL, "gpt-tiny")  # the app stays up
     error.wait_for(state="hidden", timeout=60_000)
+
+
+def type_budget(page, text: str) -> None:
+    box = page.locator(f"#{ids.BUDGET_INPUT}")
+    box.fill(text)
+    box.press("Enter")
+
+
+def test_typed_budgets_commit_on_enter_and_out_of_range_ones_say_the_minimum(ready):
+    page = ready
+    message = page.locator(f"#{ids.BUDGET_MESSAGE}")
+    low = page.evaluate("() => document.querySelector('#budget [role=slider]').ariaValueMin")
+    for bad in ("abc", "0", "-5", str(float(low) - 1)):
+        type_budget(page, bad)
+        message.wait_for(state="visible")
+        text = message.inner_text()
+        assert f"from {float(low):g}% (" in text, text  # names the minimum, in % and bytes
+        assert "NaN" not in page.inner_text(f"#{ids.BUDGET_BYTES}")
+    type_budget(page, "90")  # Enter alone commits: no blur
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').layout.meta.budget_pct === 90"
+    )
+    assert slider_value(page) == 90
+    message.wait_for(state="hidden")
+
+
+def test_jumps_to_the_peak_and_to_the_next_recompute(ready):
+    page = ready
+    press(page, "Home")  # the smallest budget: some ops are recomputed
+    page.click(f"#{ids.JUMP_PEAK}")
+    fig = figure(page)
+    peak_x = trace(fig, "peak")["x"][0]
+    page.wait_for_function(
+        "(s) => document.querySelector('#step-text').textContent.startsWith(`step ${s} `)",
+        arg=peak_x + 1,
+    )
+    page.click(f"#{ids.JUMP_RECOMPUTE}")
+    page.wait_for_function(
+        "() => document.querySelector('#step-why').textContent.startsWith('Recompute')"
+    )
+    hover = page.evaluate(
+        "() => document.querySelector('#timeline .js-plotly-plot').data[0].text[0]"
+    )
+    assert hover.startswith("step 1:")  # the hover counts from 1, as the stepper does
