@@ -29,6 +29,7 @@ from app.state import (
     BASELINES,
     METHOD_LABELS,
     Studio,
+    alive_at,
     next_recompute,
     op_fates,
     peak_hint,
@@ -40,6 +41,7 @@ from app.state import (
 from core.errors import fmt_bytes
 
 HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
+PEAK_ROWS = 10  # storages listed at the peak
 
 
 def plain_error(err: BaseException) -> str:
@@ -276,6 +278,56 @@ def register(app: Dash, studio: Studio) -> None:
             fates, view["running"], view["live"], view["block"], prefix
         )
         return sheet, view["label"], view["why"]
+
+    @app.callback(
+        Output(ids.TENSORS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_tensors(plan_ref):
+        """The per-tensor view of the plan on screen (a request of its own, off the slider's
+        timeline paint)."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+        return figures.tensor_figure(
+            rows,
+            len(plan.program),
+            plan.backward_start,
+            unit=figures.pick_unit(problem.store_all_peak),
+        )
+
+    @app.callback(
+        Output(ids.PEAK_LIST, "children"),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def list_peak(step, plan_ref):
+        """At the peak step: what is alive there, largest first."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or step is None or step != peak_step(plan.timeline):
+            return []
+        rows = alive_at(
+            studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"]), step
+        )
+        total = sum(r["nbytes"] for r in rows)
+        items = [
+            html.Li(
+                [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+                title=r["text"].replace("<br>", "\n").replace("<b>", "").replace("</b>", ""),
+            )
+            for r in rows[:PEAK_ROWS]
+        ]
+        more = len(rows) - len(items)
+        return [
+            html.P(
+                f"This is the peak: {fmt_bytes(total)} in {len(rows)} storages set it. "
+                "Largest first:"
+            ),
+            html.Ol(items + ([html.Li(f"… and {more} smaller")] if more > 0 else [])),
+        ]
 
     @app.callback(
         Output(ids.TIMELINE, "figure", allow_duplicate=True),

@@ -40,6 +40,8 @@ GRAPH_LEGEND = "graph-legend"
 GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"
 TIMELINE = "timeline"
+TENSORS = "tensors"  # the per-tensor view: each live storage a band over program steps
+PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
 
 # export

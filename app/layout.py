@@ -265,6 +265,19 @@ def _timeline_card():
             ],
         ),
         html.P("Press play or step to walk through the program.", id=ids.STEP_WHY, className="why"),
+        html.Div(id=ids.PEAK_LIST, className="peak-list"),
+        html.H2("Each tensor alive over the program"),
+        html.P(
+            "Every storage the step allocates, as a band from the step that makes it to the "
+            "step that frees it, stacked in allocation order (as pytorch.org/memory_viz draws "
+            "them). Point at a band for the op, the module and the line of Python that made it.",
+            className="hint",
+        ),
+        dcc.Graph(
+            id=ids.TENSORS,
+            figure={"data": [], "layout": {"height": 380}},
+            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+        ),
     ]
 
 

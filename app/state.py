@@ -15,6 +15,7 @@ from functools import partial
 import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
+from app.figures import FATE_TEXT
 from core.solvers import available_methods
 from core.tradeoff import minimum_budget
 
@@ -142,6 +143,15 @@ class Studio:
 
         return self.derived.get_or_make(("tradeoff", key, method), make)
 
+    def tensors(self, key: str, method: str, budget: int) -> list[dict]:
+        """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""
+
+        def make() -> list[dict]:
+            problem, plan = self.problem(key), self.plan(key, method, budget)
+            return tensor_rows(problem, plan, live_bands(problem, plan))
+
+        return self.derived.get_or_make(("tensors", key, method, int(budget)), make)
+
 
 # ------------------------------------------------------------------ reading a plan back
 
@@ -176,6 +186,82 @@ def op_fates(problem, plan) -> dict[str, list[int]]:
         else:
             fates["freed"].append(o)
     return fates
+
+
+@dataclass(frozen=True)
+class Band:
+    """One storage alive over program steps [start, end) (end = len(program): to the end)."""
+
+    value: int
+    start: int
+    end: int
+
+
+def live_bands(problem, plan) -> list[Band]:
+    """Every activation, temporary and gradient storage's live intervals, in allocation order.
+
+    At each step the bytes of the bands alive there sum to the timeline's stacked total. The
+    one place the per-tensor view reads liveness from: a simulator that records it can
+    replace this walk.
+    """
+    graph = problem.graph
+    counted = {"activation", "temporary", "gradient"}
+    opened: dict[int, int] = {}
+    bands: list[Band] = []
+    for i, (kind, target) in enumerate(plan.program):
+        if kind == "run":
+            for v in graph.ops[target].outputs:
+                if graph.values[v].kind in counted:
+                    opened[v] = i
+        elif target in opened:
+            bands.append(Band(target, opened.pop(target), i))
+    n = len(plan.program)
+    bands.extend(Band(v, start, n) for v, start in opened.items())
+    return sorted(bands, key=lambda b: (b.start, b.value))
+
+
+def tensor_rows(problem, plan, bands: list[Band]) -> list[dict]:
+    """What the per-tensor view draws and says about each band: bytes, and in words the
+    storage, the op, module path and source line that made it, and the plan's choice."""
+    graph = problem.graph
+    fate_of: dict[int, str] = {}
+    for fate, ops in op_fates(problem, plan).items():
+        fate_of.update(dict.fromkeys(ops, fate))
+    rows = []
+    for b in bands:
+        value = graph.values[b.value]
+        op = graph.ops[value.producer]
+        node = graph.trace.nodes[op.nodes[0]]
+        where = node.module or ("the backward" if op.phase == "backward" else "the model")
+        fate = fate_of.get(op.index)
+        text = (
+            f"<b>{value.name}</b> · {value.kind} · {_fmt(value.nbytes)}<br>"
+            f"made by {op.name} ({op.label}) in {where}"
+            + (f"<br>{_html(node.source)}" if node.source else "")
+            + (f"<br>{FATE_TEXT[fate]}" if fate else "")
+            + f"<br>alive at steps {b.start + 1}–{b.end}"
+        )
+        rows.append(
+            {
+                "start": b.start,
+                "end": b.end,
+                "nbytes": value.nbytes,
+                "name": value.name,
+                "kind": value.kind,
+                "fate": fate or value.kind,
+                "text": text,
+            }
+        )
+    return rows
+
+
+def alive_at(rows: list[dict], step: int) -> list[dict]:
+    """The rows alive after program step `step`, largest first."""
+    return sorted((r for r in rows if r["start"] <= step < r["end"]), key=lambda r: -r["nbytes"])
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def step_view(problem, plan, i: int) -> dict:

@@ -11,7 +11,16 @@ import torch
 
 from app import figures
 from app.cache import LRU
-from app.state import Studio, op_fates, slider_minimum, step_view
+from app.state import (
+    Studio,
+    alive_at,
+    live_bands,
+    op_fates,
+    peak_hint,
+    slider_minimum,
+    step_view,
+    tensor_rows,
+)
 
 
 def steps(live: list[tuple[int, int, int]], backward_start: int = 0) -> list:
@@ -161,3 +170,44 @@ def test_a_bad_model_spec_is_refused_in_plain_words():
         resolve_builder("sample_models:nothing_here")
     model, inputs = resolve_builder("gpt-tiny")()
     assert isinstance(model, torch.nn.Module) and inputs
+
+
+def test_tensor_figure_stacks_bands_in_allocation_order_and_sums_the_rest():
+    rows = [
+        {"start": 0, "end": 4, "nbytes": 4, "fate": "kept", "text": "a"},
+        {"start": 1, "end": 2, "nbytes": 2, "fate": "freed", "text": "b"},
+        {"start": 2, "end": 4, "nbytes": 8, "fate": "temporary", "text": "c"},
+        {"start": 1, "end": 3, "nbytes": 1, "fate": "gradient", "text": "d"},
+    ]
+    fig = figures.tensor_figure(rows, 4, 2, unit=("B", 1), max_bands=3)
+    bands = [t for t in fig["data"] if t.get("fill") == "toself" and t.get("meta") != "rest"]
+    assert [t["text"] for t in bands] == ["a", "b", "c"]  # the 3 largest, by allocation
+    c = bands[2]
+    # b is freed before c is allocated: c sits on a alone; d (smallest) goes in the rest
+    assert min(c["y"]) == 4 and max(c["y"]) == 12
+    rest = next(t for t in fig["data"] if t.get("meta") == "rest")
+    assert max(rest["y"]) == 13  # 4 + 8 + 1 at step 2: the stack equals the live total
+    assert fig["layout"]["meta"]["storages"] == 4
+
+
+def test_per_tensor_bands_sum_to_the_timeline_and_name_their_source():
+    studio = Studio()
+    key = studio.key("gpt-1layer", "estimated", "cpu")
+    problem = studio.problem(key)
+    plan = studio.plan(key, "checkpoint_blocks", studio.minimum(key, "checkpoint_blocks"))
+    bands = live_bands(problem, plan)
+    size = {b.value: problem.graph.values[b.value].nbytes for b in bands}
+    for step in plan.timeline:
+        alive = sum(size[b.value] for b in bands if b.start <= step.index < b.end)
+        assert alive == step.live
+    rows = tensor_rows(problem, plan, bands)
+    peak = max(range(len(plan.timeline)), key=lambda i: plan.timeline[i].live)
+    top = alive_at(rows, peak)
+    assert sum(r["nbytes"] for r in top) == plan.predicted_peak
+    assert [r["nbytes"] for r in top] == sorted((r["nbytes"] for r in top), reverse=True)
+    forward = [r for r in rows if r["kind"] == "activation"]
+    assert any(".py:" in r["text"] and "transformer" in r["text"] for r in forward)
+    assert {r["fate"] for r in forward} >= {"kept", "recomputed"}
+    fig = figures.tensor_figure(rows, len(plan.program), plan.backward_start)
+    assert fig["layout"]["meta"]["bands"] == min(len(rows), figures.MAX_BANDS)
+    assert isinstance(peak_hint(plan.timeline), str)

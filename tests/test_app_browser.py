@@ -247,3 +247,26 @@ def test_jumps_to_the_peak_and_to_the_next_recompute(ready):
         "() => document.querySelector('#timeline .js-plotly-plot').data[0].text[0]"
     )
     assert hover.startswith("step 1:")  # the hover counts from 1, as the stepper does
+
+
+def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(ready):
+    page = ready
+    press(page, "Home")  # a plan that recomputes
+    tensors = "document.querySelector('#tensors .js-plotly-plot')"
+    page.wait_for_function(f"() => {tensors}.data.length > 5")
+    texts = page.evaluate(f"() => {tensors}.data.map(t => t.text).filter(t => t)")
+    assert any("made by" in t and ".py:" in t and "recomputed" in t for t in texts)
+    page.locator("#tensors").scroll_into_view_if_needed()
+    box = page.locator("#tensors .nsewdrag").first.bounding_box()
+    for fx in (0.3, 0.4, 0.2, 0.5):  # point at a band in the forward
+        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * 0.95)
+        page.wait_for_timeout(300)
+        if page.locator("#tensors .hoverlayer .hovertext").count():
+            break
+    assert "made by" in page.locator("#tensors .hoverlayer").text_content()
+    page.screenshot(path=str(SHOTS / "tensors.png"), full_page=True)
+    page.click(f"#{ids.JUMP_PEAK}")
+    peak_list = page.locator(f"#{ids.PEAK_LIST}")
+    peak_list.locator("li").first.wait_for()
+    assert "This is the peak" in peak_list.inner_text()
+    assert peak_list.locator("li").count() >= 2
