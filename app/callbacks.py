@@ -25,6 +25,7 @@ import core
 from app import figures, ids
 from app.cache import Cancelled
 from app.layout import intro
+from app.measure import measure_plan
 from app.state import (
     BASELINES,
     METHOD_LABELS,
@@ -37,6 +38,7 @@ from app.state import (
     percent,
     slider_minimum,
     step_view,
+    studio_lock,
 )
 from core.errors import fmt_bytes
 
@@ -278,6 +280,53 @@ def register(app: Dash, studio: Studio) -> None:
             fates, view["running"], view["live"], view["block"], prefix
         )
         return sheet, view["label"], view["why"]
+
+    @app.callback(
+        Output(ids.MEASURED, "data"),
+        Input(ids.MEASURE, "n_clicks"),
+        State(ids.PLAN, "data"),
+        background=True,
+        running=[
+            (Output(ids.MEASURE, "disabled"), True, False),
+            (Output(ids.MEASURE_TEXT, "children"), "running the step…", ""),
+        ],
+        prevent_initial_call=True,
+    )
+    def measure_here(_clicks, plan_ref):
+        """Run the plan's real step here under the storage tracker (in the background)."""
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        try:
+            model, inputs = studio.builders[plan_ref["key"].split("|")[0]]()
+            with studio_lock():
+                got = measure_plan(model, inputs, plan)
+        except Exception as err:  # shown next to the button; the app stays up
+            traceback.print_exc()
+            return {"plan": plan_ref, "error": plain_error(err)}
+        return {"plan": plan_ref, "live": got.live, "peak": got.peak, "error": None}
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Output(ids.MEASURE_TEXT, "children", allow_duplicate=True),
+        Input(ids.MEASURED, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_measured(measured, plan_ref):
+        """Overlay the measured live bytes on the predicted timeline of the same plan."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or not measured or measured["plan"] != plan_ref:
+            raise PreventUpdate  # another plan is on screen now
+        if measured["error"]:
+            return no_update, f"Could not run the step: {measured['error']}"
+        _, size = figures.pick_unit(problem.store_all_peak)
+        patch = Patch()
+        patch["data"].append(figures.measured_trace(measured["live"], size, measured["peak"]))
+        return patch, (
+            f"measured peak {fmt(measured['peak'])}, predicted {fmt(plan.predicted_peak)} "
+            "(the tracker also counts the 4-byte seed of loss.backward())"
+        )
 
     @app.callback(
         Output(ids.TENSORS, "figure"),

@@ -322,6 +322,24 @@ def _band_outline(
     return x, top, bottom
 
 
+MEASURED_COLOR = "#111111"
+
+
+def measured_trace(live: Sequence[int], size: float, peak: int) -> dict:
+    """Live bytes per program step measured in a real run, as a line over the prediction."""
+    keep = decimate(live)
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": f"measured here (peak {fmt_bytes(peak)})",
+        "x": keep,
+        "y": [round(live[i] / size, 4) for i in keep],
+        "line": {"color": MEASURED_COLOR, "width": 1.5, "shape": "hv"},
+        "hovertemplate": "measured %{y:.2f}<extra></extra>",
+        "meta": "measured",
+    }
+
+
 def marker_trace(step: int | None, height: float) -> dict:
     """The step-through marker: a vertical line at `step` (empty when None)."""
     return {

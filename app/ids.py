@@ -44,6 +44,11 @@ TENSORS = "tensors"  # the per-tensor view: each live storage a band over progra
 PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
 
+# measure here: the plan's real step on this machine, over the prediction
+MEASURE = "measure"
+MEASURED = "measured"  # store: the plan measured and its live bytes per step
+MEASURE_TEXT = "measure-text"
+
 # export
 EXPORT = "export"
 DOWNLOAD = "download"

@@ -87,6 +87,7 @@ def build_layout(
             dcc.Store(id=ids.CONTEXT),
             dcc.Store(id=ids.PLAN),
             dcc.Store(id=ids.STEP),
+            dcc.Store(id=ids.MEASURED),
             dcc.Interval(id=ids.TICKER, interval=TICK_MS, disabled=True),
             dcc.Download(id=ids.DOWNLOAD),
         ],
@@ -236,6 +237,18 @@ def _timeline_card():
             id=ids.TIMELINE,
             figure={"data": [], "layout": {"height": 340}},
             config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+        ),
+        html.Div(
+            className="stepper",
+            children=[
+                html.Button(
+                    "measure here",
+                    id=ids.MEASURE,
+                    title="run this plan's real training step on this machine and draw the "
+                    "live bytes it measures over the prediction",
+                ),
+                html.Span(id=ids.MEASURE_TEXT, className="step-text"),
+            ],
         ),
         html.Div(
             className="stepper",

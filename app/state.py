@@ -35,8 +35,14 @@ METHOD_LABELS = {
 DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
-# threads at once failed with "CURRENT_PATCHER is None". One analysis at a time.
+# threads at once failed with "CURRENT_PATCHER is None". One analysis (or measured run, whose
+# dispatch mode must not see a trace) at a time.
 _ANALYZE = threading.Lock()
+
+
+def studio_lock() -> threading.Lock:
+    """The lock analyses and measured runs take: one at a time in this process."""
+    return _ANALYZE
 
 
 @dataclass(frozen=True)

@@ -211,3 +211,20 @@ def test_per_tensor_bands_sum_to_the_timeline_and_name_their_source():
     fig = figures.tensor_figure(rows, len(plan.program), plan.backward_start)
     assert fig["layout"]["meta"]["bands"] == min(len(rows), figures.MAX_BANDS)
     assert isinstance(peak_hint(plan.timeline), str)
+
+
+def test_measure_here_runs_the_real_step_and_reads_it_back_per_program_step():
+    from app.measure import measure_plan
+
+    studio = Studio()
+    key = studio.key("gpt-1layer", "estimated", "cpu")
+    problem = studio.problem(key)
+    plan = studio.plan(key, "rockmate", int(0.6 * problem.store_all_peak))
+    model, inputs = studio.builders["gpt-1layer"]()
+    got = measure_plan(model, inputs, plan)
+    assert got.peak == plan.predicted_peak + 4  # the scalar seed of loss.backward()
+    assert len(got.live) == len(plan.program) and max(got.live) <= got.peak
+    assert got.matched >= 0.8 * got.nodes  # program nodes found among the real ATen calls
+    close = sum(abs(m - s.live) <= 4 for m, s in zip(got.live, plan.timeline))
+    assert close >= 0.7 * len(plan.timeline)  # measured 85% (gpt-tiny store-all) here
+    assert all(p.grad is not None for p in model.parameters())  # a real backward ran

@@ -127,6 +127,7 @@ def test_clicking_the_tradeoff_curve_sets_the_budget(ready):
     points = page.locator(f"#{ids.TRADEOFF} .scatterlayer .trace:first-child .points path")
     assert points.count() >= 3
     target = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').data[0].x[2]")
+    points.nth(2).scroll_into_view_if_needed()
     box = points.nth(2).bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     expected = round(target * 2) / 2
@@ -270,3 +271,21 @@ def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(read
     peak_list.locator("li").first.wait_for()
     assert "This is the peak" in peak_list.inner_text()
     assert peak_list.locator("li").count() >= 2
+
+
+def test_measure_here_draws_the_real_run_over_the_prediction(ready):
+    page = ready
+    press(page, "Home")
+    page.click(f"#{ids.MEASURE}")
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').data"
+        ".some(t => t.meta === 'measured')",
+        timeout=60_000,
+    )
+    fig = figure(page)
+    measured = trace(fig, "measured")
+    predicted_peak = trace(fig, "peak")["y"][0]
+    assert abs(max(measured["y"]) - predicted_peak) < 1e-3  # +4 bytes, below the rounding
+    assert "measured peak" in page.inner_text(f"#{ids.MEASURE_TEXT}")
+    page.locator(f"#{ids.TIMELINE}").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "measured.png"), full_page=True)
