@@ -58,6 +58,18 @@ def plain_error(err: BaseException) -> str:
 
 
 def register(app: Dash, studio: Studio) -> None:
+    """Every callback of the page, by concern."""
+    _analysis(app, studio)
+    _budget(app, studio)
+    _graph(app, studio)
+    _memory(app, studio)
+    _step_through(app, studio)
+    _export(app, studio)
+
+
+def _analysis(app: Dash, studio: Studio) -> None:
+    """Analyse the chosen model in the background and show what it gives: intro, graph, limits."""
+
     @app.callback(
         Output(ids.CONTEXT, "data"),
         Input(ids.MODEL, "value"),
@@ -169,6 +181,9 @@ def register(app: Dash, studio: Studio) -> None:
             _tradeoff(studio, context, value),
         )
 
+
+def _budget(app: Dash, studio: Studio) -> None:
+    """The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves."""
     app.clientside_callback(
         ClientsideFunction("remat", "typedBudget"),
         Output(ids.BUDGET, "value", allow_duplicate=True),
@@ -254,6 +269,10 @@ def register(app: Dash, studio: Studio) -> None:
         x = float(click["points"][0]["x"])
         return max(context["min_pct"], min(100.0, round(x * 2) / 2))
 
+
+def _graph(app: Dash, studio: Studio) -> None:
+    """The block graph: colours for the plan and the step, the op under the mouse, a block's ops."""
+
     @app.callback(
         Output(ids.GRAPH, "stylesheet"),
         Output(ids.STEP_TEXT, "children"),
@@ -280,164 +299,6 @@ def register(app: Dash, studio: Studio) -> None:
             fates, view["running"], view["live"], view["block"], prefix
         )
         return sheet, view["label"], view["why"]
-
-    @app.callback(
-        Output(ids.MEASURED, "data"),
-        Input(ids.MEASURE, "n_clicks"),
-        State(ids.PLAN, "data"),
-        background=True,
-        running=[
-            (Output(ids.MEASURE, "disabled"), True, False),
-            (Output(ids.MEASURE_TEXT, "children"), "running the step…", ""),
-        ],
-        prevent_initial_call=True,
-    )
-    def measure_here(_clicks, plan_ref):
-        """Run the plan's real step here under the storage tracker (in the background)."""
-        plan, _ = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
-        try:
-            model, inputs = studio.builders[plan_ref["key"].split("|")[0]]()
-            with studio_lock():
-                got = measure_plan(model, inputs, plan)
-        except Exception as err:  # shown next to the button; the app stays up
-            traceback.print_exc()
-            return {"plan": plan_ref, "error": plain_error(err)}
-        return {"plan": plan_ref, "live": got.live, "peak": got.peak, "error": None}
-
-    @app.callback(
-        Output(ids.TIMELINE, "figure", allow_duplicate=True),
-        Output(ids.MEASURE_TEXT, "children", allow_duplicate=True),
-        Input(ids.MEASURED, "data"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_measured(measured, plan_ref):
-        """Overlay the measured live bytes on the predicted timeline of the same plan."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None or not measured or measured["plan"] != plan_ref:
-            raise PreventUpdate  # another plan is on screen now
-        if measured["error"]:
-            return no_update, f"Could not run the step: {measured['error']}"
-        _, size = figures.pick_unit(problem.store_all_peak)
-        patch = Patch()
-        patch["data"].append(figures.measured_trace(measured["live"], size, measured["peak"]))
-        return patch, (
-            f"measured peak {fmt(measured['peak'])}, predicted {fmt(plan.predicted_peak)} "
-            "(the tracker also counts the 4-byte seed of loss.backward())"
-        )
-
-    @app.callback(
-        Output(ids.TENSORS, "figure"),
-        Input(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_tensors(plan_ref):
-        """The per-tensor view of the plan on screen (a request of its own, off the slider's
-        timeline paint)."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
-        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
-        return figures.tensor_figure(
-            rows,
-            len(plan.program),
-            plan.backward_start,
-            unit=figures.pick_unit(problem.store_all_peak),
-        )
-
-    @app.callback(
-        Output(ids.PEAK_LIST, "children"),
-        Input(ids.STEP, "data"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def list_peak(step, plan_ref):
-        """At the peak step: what is alive there, largest first."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None or step is None or step != peak_step(plan.timeline):
-            return []
-        rows = alive_at(
-            studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"]), step
-        )
-        total = sum(r["nbytes"] for r in rows)
-        items = [
-            html.Li(
-                [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
-                title=r["text"].replace("<br>", "\n").replace("<b>", "").replace("</b>", ""),
-            )
-            for r in rows[:PEAK_ROWS]
-        ]
-        more = len(rows) - len(items)
-        return [
-            html.P(
-                f"This is the peak: {fmt_bytes(total)} in {len(rows)} storages set it. "
-                "Largest first:"
-            ),
-            html.Ol(items + ([html.Li(f"… and {more} smaller")] if more > 0 else [])),
-        ]
-
-    @app.callback(
-        Output(ids.TIMELINE, "figure", allow_duplicate=True),
-        Input(ids.STEP, "data"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def move_marker(step, plan_ref):
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
-        patch = Patch()
-        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
-        height = max(plan.predicted_peak, plan_ref["budget"]) / size
-        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
-        return patch
-
-    @app.callback(
-        Output(ids.STEP, "data", allow_duplicate=True),
-        Output(ids.TICKER, "disabled"),
-        Output(ids.PLAY, "children"),
-        Input(ids.PLAY, "n_clicks"),
-        Input(ids.STEP_NEXT, "n_clicks"),
-        Input(ids.STEP_BACK, "n_clicks"),
-        Input(ids.STEP_RESET, "n_clicks"),
-        Input(ids.JUMP_PEAK, "n_clicks"),
-        Input(ids.JUMP_RECOMPUTE, "n_clicks"),
-        Input(ids.TICKER, "n_intervals"),
-        State(ids.STEP, "data"),
-        State(ids.TICKER, "disabled"),
-        State(ids.SPEED, "value"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def step_through(
-        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
-    ):
-        plan, _ = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
-        last = len(plan.program) - 1
-        trigger = ctx.triggered_id
-        if trigger == ids.PLAY:
-            if paused:
-                start = 0 if step is None or step >= last else step
-                return start, False, "⏸ pause"
-            return no_update, True, "▶ play"
-        if trigger == ids.STEP_RESET:
-            return 0, True, "▶ play"
-        if trigger == ids.JUMP_PEAK:
-            return peak_step(plan.timeline), True, "▶ play"
-        if trigger == ids.JUMP_RECOMPUTE:
-            target = next_recompute(plan.timeline, step)
-            return (no_update if target is None else target), True, "▶ play"
-        if trigger == ids.STEP_BACK:
-            return max(0, (step or 0) - 1), no_update, no_update
-        stride = (speed or 1) if trigger == ids.TICKER else 1
-        nxt = 0 if step is None else step + stride
-        if nxt >= last:
-            return last, True, "▶ play"
-        return nxt, no_update, no_update
 
     @app.callback(
         Output(ids.GRAPH_HOVER, "children"),
@@ -506,6 +367,176 @@ def register(app: Dash, studio: Studio) -> None:
                 className="ops",
             ),
         ]
+
+
+def _memory(app: Dash, studio: Studio) -> None:
+    """The memory views: step marker, per-tensor view, the peak's list, measure here."""
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def move_marker(step, plan_ref):
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        patch = Patch()
+        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
+        height = max(plan.predicted_peak, plan_ref["budget"]) / size
+        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
+        return patch
+
+    @app.callback(
+        Output(ids.TENSORS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_tensors(plan_ref):
+        """The per-tensor view of the plan on screen (a request of its own, off the slider's
+        timeline paint)."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+        return figures.tensor_figure(
+            rows,
+            len(plan.program),
+            plan.backward_start,
+            unit=figures.pick_unit(problem.store_all_peak),
+        )
+
+    @app.callback(
+        Output(ids.PEAK_LIST, "children"),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def list_peak(step, plan_ref):
+        """At the peak step: what is alive there, largest first."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or step is None or step != peak_step(plan.timeline):
+            return []
+        rows = alive_at(
+            studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"]), step
+        )
+        total = sum(r["nbytes"] for r in rows)
+        items = [
+            html.Li(
+                [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+                title=r["text"].replace("<br>", "\n").replace("<b>", "").replace("</b>", ""),
+            )
+            for r in rows[:PEAK_ROWS]
+        ]
+        more = len(rows) - len(items)
+        return [
+            html.P(
+                f"This is the peak: {fmt_bytes(total)} in {len(rows)} storages set it. "
+                "Largest first:"
+            ),
+            html.Ol(items + ([html.Li(f"… and {more} smaller")] if more > 0 else [])),
+        ]
+
+    @app.callback(
+        Output(ids.MEASURED, "data"),
+        Input(ids.MEASURE, "n_clicks"),
+        State(ids.PLAN, "data"),
+        background=True,
+        running=[
+            (Output(ids.MEASURE, "disabled"), True, False),
+            (Output(ids.MEASURE_TEXT, "children"), "running the step…", ""),
+        ],
+        prevent_initial_call=True,
+    )
+    def measure_here(_clicks, plan_ref):
+        """Run the plan's real step here under the storage tracker (in the background)."""
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        try:
+            model, inputs = studio.builders[plan_ref["key"].split("|")[0]]()
+            with studio_lock():
+                got = measure_plan(model, inputs, plan)
+        except Exception as err:  # shown next to the button; the app stays up
+            traceback.print_exc()
+            return {"plan": plan_ref, "error": plain_error(err)}
+        return {"plan": plan_ref, "live": got.live, "peak": got.peak, "error": None}
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Output(ids.MEASURE_TEXT, "children", allow_duplicate=True),
+        Input(ids.MEASURED, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_measured(measured, plan_ref):
+        """Overlay the measured live bytes on the predicted timeline of the same plan."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or not measured or measured["plan"] != plan_ref:
+            raise PreventUpdate  # another plan is on screen now
+        if measured["error"]:
+            return no_update, f"Could not run the step: {measured['error']}"
+        _, size = figures.pick_unit(problem.store_all_peak)
+        patch = Patch()
+        patch["data"].append(figures.measured_trace(measured["live"], size, measured["peak"]))
+        return patch, (
+            f"measured peak {fmt(measured['peak'])}, predicted {fmt(plan.predicted_peak)} "
+            "(the tracker also counts the 4-byte seed of loss.backward())"
+        )
+
+
+def _step_through(app: Dash, studio: Studio) -> None:
+    """Play, step, jump: the step-through position over the plan's program."""
+
+    @app.callback(
+        Output(ids.STEP, "data", allow_duplicate=True),
+        Output(ids.TICKER, "disabled"),
+        Output(ids.PLAY, "children"),
+        Input(ids.PLAY, "n_clicks"),
+        Input(ids.STEP_NEXT, "n_clicks"),
+        Input(ids.STEP_BACK, "n_clicks"),
+        Input(ids.STEP_RESET, "n_clicks"),
+        Input(ids.JUMP_PEAK, "n_clicks"),
+        Input(ids.JUMP_RECOMPUTE, "n_clicks"),
+        Input(ids.TICKER, "n_intervals"),
+        State(ids.STEP, "data"),
+        State(ids.TICKER, "disabled"),
+        State(ids.SPEED, "value"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def step_through(
+        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
+    ):
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        last = len(plan.program) - 1
+        trigger = ctx.triggered_id
+        if trigger == ids.PLAY:
+            if paused:
+                start = 0 if step is None or step >= last else step
+                return start, False, "⏸ pause"
+            return no_update, True, "▶ play"
+        if trigger == ids.STEP_RESET:
+            return 0, True, "▶ play"
+        if trigger == ids.JUMP_PEAK:
+            return peak_step(plan.timeline), True, "▶ play"
+        if trigger == ids.JUMP_RECOMPUTE:
+            target = next_recompute(plan.timeline, step)
+            return (no_update if target is None else target), True, "▶ play"
+        if trigger == ids.STEP_BACK:
+            return max(0, (step or 0) - 1), no_update, no_update
+        stride = (speed or 1) if trigger == ids.TICKER else 1
+        nxt = 0 if step is None else step + stride
+        if nxt >= last:
+            return last, True, "▶ play"
+        return nxt, no_update, no_update
+
+
+def _export(app: Dash, studio: Studio) -> None:
+    """Download the plan on screen as a plan file."""
 
     @app.callback(
         Output(ids.DOWNLOAD, "data"),

@@ -69,6 +69,7 @@ def build_layout(
                     html.Div(id=ids.INTRO, children="Analysing the model…"),
                 ],
             ),
+            _glossary(),
             _budget_row(),
             html.Div(
                 className="grid",
@@ -133,6 +134,51 @@ def _controls(models, model, method, methods):
                 ],
                 className="control wide",
             ),
+        ],
+    )
+
+
+GLOSSARY = (
+    (
+        "activation",
+        "an op's output that the backward reads: a matmul's weight gradient needs its input, "
+        "so that input stays alive from the forward until its backward runs.",
+    ),
+    (
+        "temporaries",
+        "values an op needs only briefly (the forward's short-lived results, the backward's "
+        "intermediate gradients): they add on top of the activations, most at the start of "
+        "the backward, which is why the peak sits there.",
+    ),
+    (
+        "checkpoint",
+        "a value kept through the forward so the ops after it can be run again from it; "
+        "torch.utils.checkpoint keeps only each wrapped module's input.",
+    ),
+    (
+        "block",
+        "a run of forward ops between two values that separate the graph (usually one "
+        "layer), with their backward ops; identical blocks are solved once.",
+    ),
+    (
+        "budget",
+        "the most memory the step may hold at once beyond parameters and inputs: "
+        "activations, temporaries and the gradients it produces. 100% is plain PyTorch's peak.",
+    ),
+    (
+        "recompute",
+        "running a forward op again in the backward because its result was freed to save "
+        "memory: the plan pays the op's time to avoid keeping its bytes.",
+    ),
+)
+
+
+def _glossary() -> html.Details:
+    return html.Details(
+        className="card intro glossary",
+        children=[
+            html.Summary("Words used here"),
+            html.Dl([part for term, text in GLOSSARY for part in (html.Dt(term), html.Dd(text))]),
         ],
     )
 

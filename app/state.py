@@ -299,23 +299,34 @@ def step_view(problem, plan, i: int) -> dict:
                 if graph.values[v].producer is not None
                 and graph.ops[graph.values[v].producer].phase == "forward"
             ]
+        consumer = _backward_reader(graph, op)
+        price = f"{_ms(op.time)} for {_bytes(op, graph)}"
         if ran_before:
             why = (
-                f"Recompute {op.label} ({op.name}) of block {block} ({bname}) from its input "
-                f"checkpoint: its backward needs these activations, which were freed in the "
-                f"forward to save memory."
+                f"Recompute {op.label} ({op.name}) of block {block} ({bname}): "
+                f"{consumer or 'the backward'} reads it next. It was freed in the forward to "
+                f"save memory; running it again costs {price}."
             )
         elif i < plan.backward_start:
             outs = op.outputs
             kept = any(v in live_after(problem, plan, plan.backward_start - 1) for v in outs)
-            fate = (
-                "kept until the backward needs it"
-                if kept
-                else "freed after its last use in the forward"
-            )
+            runs = sum(1 for k, t in plan.program if k == "run" and t == target)
+            if consumer is None:
+                fate = "freed after its last use in the forward: no backward op reads it"
+            elif kept:
+                fate = (
+                    f"kept: {consumer} in the backward reads it; recomputing it would cost {price}"
+                )
+            elif runs > 1:
+                fate = (
+                    f"freed: {consumer} in the backward reads it, and the plan recomputes it "
+                    f"there ({price}) rather than keep it through the forward"
+                )
+            else:
+                fate = f"freed: {consumer} reads values recomputed from it later"
             why = (
                 f"Forward of block {block} ({bname}): {op.label} ({op.name}) allocates "
-                f"{_bytes(op, graph)}; the plan keeps it only as long as needed: {fate}."
+                f"{_bytes(op, graph)}; {fate}."
             )
         else:
             why = (
@@ -367,6 +378,18 @@ def peak_hint(timeline) -> str:
         "the backward must produce them and the budget counts them, but recomputing "
         "activations cannot shrink them, so lower budgets save little on this model."
     )
+
+
+def _backward_reader(graph, op) -> str | None:
+    """The name of the first backward op that reads one of `op`'s results, if any."""
+    readers = [
+        c for v in op.outputs for c in graph.values[v].consumers if graph.ops[c].phase == "backward"
+    ]
+    return graph.ops[min(readers)].name if readers else None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.0f} µs"
 
 
 def _bytes(op, graph) -> str:

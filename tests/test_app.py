@@ -228,3 +228,16 @@ def test_measure_here_runs_the_real_step_and_reads_it_back_per_program_step():
     close = sum(abs(m - s.live) <= 4 for m, s in zip(got.live, plan.timeline))
     assert close >= 0.7 * len(plan.timeline)  # measured 85% (gpt-tiny store-all) here
     assert all(p.grad is not None for p in model.parameters())  # a real backward ran
+
+
+def test_step_reasons_name_the_backward_reader_and_the_price():
+    studio = Studio()
+    key = studio.key("gpt-1layer", "estimated", "cpu")
+    problem = studio.problem(key)
+    plan = studio.plan(key, "rockmate", int(0.6 * problem.store_all_peak))
+    whys = [step_view(problem, plan, i)["why"] for i in range(plan.backward_start)]
+    names = {op.name for op in problem.graph.ops if op.phase == "backward"}
+    kept = [w for w in whys if "; kept: " in w]
+    assert kept and all("recomputing it would cost" in w for w in kept)
+    assert any(w.split("; kept: ")[1].split(" ")[0] in names for w in kept)
+    assert any("the plan recomputes it there (" in w for w in whys)
