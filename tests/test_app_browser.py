@@ -81,6 +81,11 @@ def press(page, key: str) -> None:
     )
 
 
+def card(page, id_: str):
+    """The card holding component `id_` (for screenshots of one view)."""
+    return page.locator(f"#{id_}").locator("xpath=ancestor::div[contains(@class, 'card')][1]")
+
+
 def graph_nodes(page, selector: str) -> int:
     return page.evaluate(f"() => ({CY})().nodes('{selector}').length")
 
@@ -265,7 +270,7 @@ def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(read
         if page.locator("#tensors .hoverlayer .hovertext").count():
             break
     assert "made by" in page.locator("#tensors .hoverlayer").text_content()
-    page.screenshot(path=str(SHOTS / "tensors.png"), full_page=True)
+    card(page, ids.TENSORS).screenshot(path=str(SHOTS / "tensors.png"))
     page.click(f"#{ids.JUMP_PEAK}")
     peak_list = page.locator(f"#{ids.PEAK_LIST}")
     peak_list.locator("li").first.wait_for()
@@ -288,4 +293,4 @@ def test_measure_here_draws_the_real_run_over_the_prediction(ready):
     assert abs(max(measured["y"]) - predicted_peak) < 1e-3  # +4 bytes, below the rounding
     assert "measured peak" in page.inner_text(f"#{ids.MEASURE_TEXT}")
     page.locator(f"#{ids.TIMELINE}").scroll_into_view_if_needed()
-    page.screenshot(path=str(SHOTS / "measured.png"), full_page=True)
+    card(page, ids.TIMELINE).screenshot(path=str(SHOTS / "measured.png"))
