@@ -294,3 +294,12 @@ def test_measure_here_draws_the_real_run_over_the_prediction(ready):
     assert "measured peak" in page.inner_text(f"#{ids.MEASURE_TEXT}")
     page.locator(f"#{ids.TIMELINE}").scroll_into_view_if_needed()
     card(page, ids.TIMELINE).screenshot(path=str(SHOTS / "measured.png"))
+
+
+def test_pointing_at_an_op_names_it(ready):
+    page = ready
+    page.evaluate(f"() => ({CY})().nodes('.op')[3].emit('mouseover')")
+    page.wait_for_function(
+        "() => /allocates/.test(document.querySelector('#graph-hover').textContent)"
+    )
+    assert "aten." in page.inner_text(f"#{ids.GRAPH_HOVER}")
