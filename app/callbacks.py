@@ -184,6 +184,12 @@ def _analysis(app: Dash, studio: Studio) -> None:
 
 def _budget(app: Dash, studio: Studio) -> None:
     """The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves."""
+    app.clientside_callback(  # a slider move retires a refused typed budget's message
+        "function (value) { return true; }",
+        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
+        Input(ids.BUDGET, "value"),
+        prevent_initial_call=True,
+    )
     app.clientside_callback(
         ClientsideFunction("remat", "typedBudget"),
         Output(ids.BUDGET, "value", allow_duplicate=True),
@@ -206,7 +212,6 @@ def _budget(app: Dash, studio: Studio) -> None:
         Output(ids.PLAN_ERROR, "hidden"),
         Output(ids.STEP, "data"),
         Output(ids.BUDGET_HINT, "children"),
-        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
         Input(ids.BUDGET, "value"),
         Input(ids.CONTEXT, "data"),
         State(ids.STEP, "data"),
@@ -222,7 +227,7 @@ def _budget(app: Dash, studio: Studio) -> None:
         try:
             plan = studio.plan(key, method, budget)
         except Exception as err:
-            return (no_update,) * 5 + (label, None, plain_error(err), False, None, "", True)
+            return (no_update,) * 5 + (label, None, plain_error(err), False, None, "")
         problem = studio.problem(key)
         fig = figures.timeline_figure(
             plan.timeline,
@@ -244,7 +249,6 @@ def _budget(app: Dash, studio: Studio) -> None:
             True,
             None if step is not None else no_update,
             peak_hint(plan.timeline),
-            True,
         )
 
     @app.callback(
