@@ -10,12 +10,18 @@ Background callbacks: Dash's `DiskcacheManager` runs each job in a child process
 results would have to be pickled back. `ThreadedDiskcacheManager` keeps Dash's machinery
 (diskcache for results and progress, polling, `running`, `cancel`) but runs the job in a
 thread of this process, so the problem it analyses lands in the cache the other callbacks read.
+
+Dash keys a job's result by a hash of the callback's source and arguments, and deletes the
+result when the first page reads it. Pages that open on the same model send the same
+arguments, so they shared one result slot: the first page to poll took it and the others
+waited for good on "Analysing the model…". Each job here gets a key of its own.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -104,6 +110,11 @@ class ThreadedDiskcacheManager(DiskcacheManager):
         self._jobs: dict[int, tuple[threading.Thread, threading.Event]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+
+    def build_cache_key(self, fn, args, cache_args_to_ignore, triggered) -> str:
+        """Dash's key plus a fresh nonce: one result slot per job, never shared by pages."""
+        base = super().build_cache_key(fn, args, cache_args_to_ignore, triggered)
+        return f"{base}-{uuid.uuid4().hex}"
 
     def call_job_fn(self, key, job_fn, args, context):
         cancel = threading.Event()

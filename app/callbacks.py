@@ -6,25 +6,44 @@ import os
 import tempfile
 import traceback
 
-from dash import Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
+from dash import (
+    ClientsideFunction,
+    Dash,
+    Input,
+    Output,
+    Patch,
+    State,
+    ctx,
+    dcc,
+    html,
+    no_update,
+    set_props,
+)
 from dash.exceptions import PreventUpdate
 
 import core
 from app import figures, ids
 from app.cache import Cancelled
 from app.layout import intro
+from app.measure import measure_plan
 from app.state import (
     BASELINES,
     METHOD_LABELS,
     Studio,
+    alive_at,
+    next_recompute,
     op_fates,
+    peak_hint,
+    peak_step,
     percent,
     slider_minimum,
     step_view,
+    studio_lock,
 )
 from core.errors import fmt_bytes
 
 HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
+PEAK_ROWS = 10  # storages listed at the peak
 
 
 def plain_error(err: BaseException) -> str:
@@ -39,6 +58,18 @@ def plain_error(err: BaseException) -> str:
 
 
 def register(app: Dash, studio: Studio) -> None:
+    """Every callback of the page, by concern."""
+    _analysis(app, studio)
+    _budget(app, studio)
+    _graph(app, studio)
+    _memory(app, studio)
+    _step_through(app, studio)
+    _export(app, studio)
+
+
+def _analysis(app: Dash, studio: Studio) -> None:
+    """Analyse the chosen model in the background and show what it gives: intro, graph, limits."""
+
     @app.callback(
         Output(ids.CONTEXT, "data"),
         Input(ids.MODEL, "value"),
@@ -56,19 +87,19 @@ def register(app: Dash, studio: Studio) -> None:
         """Analyse the model (trace, costs, blocks) and the method's trade-off, in the background."""
         key = studio.key(model, costs, device)
 
-        def report(stage: str, frac: float) -> None:
-            set_progress([str(int(80 * frac)), f"{model}: {stage}…"])
+        def report(stage: str, frac: float) -> None:  # the analysis is 2-75% of the bar
+            set_progress([str(int(2 + 73 * frac)), f"{model}: {stage}…"])
 
         try:
             problem = studio.problem(key, report)
             methods = studio.methods(problem)
             if method not in methods:
                 method = studio.default_method()
-            set_progress(["85", f"{model}: solving {method} at several budgets…"])
+            set_progress(["78", f"{model}: solving {method} at several budgets…"])
             minimum = studio.minimum(key, method)
-            for m in BASELINES:
-                if m in methods:
-                    studio.tradeoff(key, m)
+            for i, m in enumerate(m for m in BASELINES if m in methods):
+                set_progress([str(85 + 5 * i), f"{model}: the trade-off of {m}…"])
+                studio.tradeoff(key, m)
             peak = problem.store_all_peak
             numbers = {
                 "store_all_peak": peak,
@@ -91,6 +122,7 @@ def register(app: Dash, studio: Studio) -> None:
                 "peak": peak,
                 "minimum": minimum,
                 "min_pct": slider_minimum(minimum, peak),
+                "min_text": f"{slider_minimum(minimum, peak):g}% ({fmt(minimum)})",
                 "numbers": numbers,
                 "error": None,
             }
@@ -104,7 +136,6 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.ERROR, "children"),
         Output(ids.ERROR, "hidden"),
         Output(ids.METHOD, "options"),
-        Output(ids.METHOD, "value"),
         Output(ids.BUDGET, "min"),
         Output(ids.BUDGET, "marks"),
         Output(ids.BUDGET, "value"),
@@ -120,7 +151,7 @@ def register(app: Dash, studio: Studio) -> None:
         if not context:
             raise PreventUpdate
         if context["error"]:
-            return (context["error"], False) + (no_update,) * 8
+            return (context["error"], False) + (no_update,) * 7
         key = context["key"]
         problem = studio.problem(key)
         lo = context["min_pct"]
@@ -130,12 +161,18 @@ def register(app: Dash, studio: Studio) -> None:
         marks = {lo: f"{lo:g}%", 100: "100%"}
         options = [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]]
         graph = problem.graph
-        elements = figures.graph_elements(problem.blocks, graph.ops, graph.values)
+        elements = figures.graph_elements(
+            problem.blocks, graph.ops, graph.values, figures.graph_prefix(key)
+        )
+        if context["method"] != method:
+            # not an Output: METHOD is an Input of `prepare`, and a declared cycle
+            # (prepare -> CONTEXT -> here -> METHOD -> prepare) made Dash's renderer hold back
+            # every later `prepare` request while one ran (a device changed meanwhile was lost)
+            set_props(ids.METHOD, {"value": context["method"]})
         return (
             "",
             True,
             options,
-            context["method"] if context["method"] != method else no_update,
             lo,
             marks,
             value,
@@ -143,6 +180,25 @@ def register(app: Dash, studio: Studio) -> None:
             elements,
             _tradeoff(studio, context, value),
         )
+
+
+def _budget(app: Dash, studio: Studio) -> None:
+    """The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves."""
+    app.clientside_callback(  # a slider move retires a refused typed budget's message
+        "function (value) { return true; }",
+        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
+        Input(ids.BUDGET, "value"),
+        prevent_initial_call=True,
+    )
+    app.clientside_callback(
+        ClientsideFunction("remat", "typedBudget"),
+        Output(ids.BUDGET, "value", allow_duplicate=True),
+        Output(ids.BUDGET_MESSAGE, "children"),
+        Output(ids.BUDGET_MESSAGE, "hidden"),
+        Input(ids.BUDGET_INPUT, "value"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
 
     @app.callback(
         Output(ids.TIMELINE, "figure"),
@@ -155,6 +211,7 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.PLAN_ERROR, "children"),
         Output(ids.PLAN_ERROR, "hidden"),
         Output(ids.STEP, "data"),
+        Output(ids.BUDGET_HINT, "children"),
         Input(ids.BUDGET, "value"),
         Input(ids.CONTEXT, "data"),
         State(ids.STEP, "data"),
@@ -170,7 +227,7 @@ def register(app: Dash, studio: Studio) -> None:
         try:
             plan = studio.plan(key, method, budget)
         except Exception as err:
-            return (no_update,) * 5 + (label, None, plain_error(err), False, None)
+            return (no_update,) * 5 + (label, None, plain_error(err), False, None, "")
         problem = studio.problem(key)
         fig = figures.timeline_figure(
             plan.timeline,
@@ -191,6 +248,7 @@ def register(app: Dash, studio: Studio) -> None:
             "",
             True,
             None if step is not None else no_update,
+            peak_hint(plan.timeline),
         )
 
     @app.callback(
@@ -215,6 +273,10 @@ def register(app: Dash, studio: Studio) -> None:
         x = float(click["points"][0]["x"])
         return max(context["min_pct"], min(100.0, round(x * 2) / 2))
 
+
+def _graph(app: Dash, studio: Studio) -> None:
+    """The block graph: colours for the plan and the step, the op under the mouse, a block's ops."""
+
     @app.callback(
         Output(ids.GRAPH, "stylesheet"),
         Output(ids.STEP_TEXT, "children"),
@@ -229,65 +291,37 @@ def register(app: Dash, studio: Studio) -> None:
         if plan is None:
             return figures.graph_stylesheet(), "", ""
         fates = op_fates(problem, plan)
+        prefix = figures.graph_prefix(plan_ref["key"])
         if step is None or step >= len(plan.program):
             return (
-                figures.graph_stylesheet(fates),
+                figures.graph_stylesheet(fates, prefix=prefix),
                 f"{len(plan.program)} steps",
                 "Press play or step to walk through the program.",
             )
         view = step_view(problem, plan, step)
-        sheet = figures.graph_stylesheet(fates, view["running"], view["live"], view["block"])
+        sheet = figures.graph_stylesheet(
+            fates, view["running"], view["live"], view["block"], prefix
+        )
         return sheet, view["label"], view["why"]
 
     @app.callback(
-        Output(ids.TIMELINE, "figure", allow_duplicate=True),
-        Input(ids.STEP, "data"),
+        Output(ids.GRAPH_HOVER, "children"),
+        Input(ids.GRAPH, "mouseoverNodeData"),
         State(ids.PLAN, "data"),
         prevent_initial_call=True,
     )
-    def move_marker(step, plan_ref):
+    def hover_op(node, plan_ref):
+        """Name the op under the mouse: ATen op, bytes it allocates, what the plan does."""
         plan, problem = _plan(studio, plan_ref)
-        if plan is None:
+        if not node or node.get("op") is None or problem is None:
             raise PreventUpdate
-        patch = Patch()
-        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
-        height = max(plan.predicted_peak, plan_ref["budget"]) / size
-        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
-        return patch
-
-    @app.callback(
-        Output(ids.STEP, "data", allow_duplicate=True),
-        Output(ids.TICKER, "disabled"),
-        Output(ids.PLAY, "children"),
-        Input(ids.PLAY, "n_clicks"),
-        Input(ids.STEP_NEXT, "n_clicks"),
-        Input(ids.STEP_BACK, "n_clicks"),
-        Input(ids.STEP_RESET, "n_clicks"),
-        Input(ids.TICKER, "n_intervals"),
-        State(ids.STEP, "data"),
-        State(ids.TICKER, "disabled"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def step_through(_play, _next, _back, _reset, _tick, step, paused, plan_ref):
-        plan, _ = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
-        last = len(plan.program) - 1
-        trigger = ctx.triggered_id
-        if trigger == ids.PLAY:
-            if paused:
-                start = 0 if step is None or step >= last else step
-                return start, False, "⏸ pause"
-            return no_update, True, "▶ play"
-        if trigger == ids.STEP_RESET:
-            return 0, True, "▶ play"
-        if trigger == ids.STEP_BACK:
-            return max(0, (step or 0) - 1), no_update, no_update
-        nxt = 0 if step is None else step + 1
-        if nxt >= last:
-            return last, True, "▶ play"
-        return nxt, no_update, no_update
+        graph = problem.graph
+        op = graph.ops[int(node["op"])]
+        fate = next((f for f, ops in op_fates(problem, plan).items() if op.index in ops), "")
+        out = fmt_bytes(sum(graph.values[v].nbytes for v in op.outputs))
+        return f"{op.name}: {op.label}, block {node['block']}, allocates {out}" + (
+            f"; {figures.FATE_TEXT[fate]}" if fate else ""
+        )
 
     @app.callback(
         Output(ids.BLOCK_PANEL, "children"),
@@ -301,10 +335,9 @@ def register(app: Dash, studio: Studio) -> None:
         plan, problem = _plan(studio, plan_ref)
         if problem is None:
             raise PreventUpdate
-        nid = node.get("parent") or node["id"]
-        if not nid.startswith("b"):
+        if node.get("block") is None:
             raise PreventUpdate
-        block = problem.blocks[int(nid[1:])]
+        block = problem.blocks[int(node["block"])]
         fate_of = {}
         if plan is not None:
             for fate, ops in op_fates(problem, plan).items():
@@ -338,6 +371,176 @@ def register(app: Dash, studio: Studio) -> None:
                 className="ops",
             ),
         ]
+
+
+def _memory(app: Dash, studio: Studio) -> None:
+    """The memory views: step marker, per-tensor view, the peak's list, measure here."""
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def move_marker(step, plan_ref):
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        patch = Patch()
+        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
+        height = max(plan.predicted_peak, plan_ref["budget"]) / size
+        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
+        return patch
+
+    @app.callback(
+        Output(ids.TENSORS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_tensors(plan_ref):
+        """The per-tensor view of the plan on screen (a request of its own, off the slider's
+        timeline paint)."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+        return figures.tensor_figure(
+            rows,
+            len(plan.program),
+            plan.backward_start,
+            unit=figures.pick_unit(problem.store_all_peak),
+        )
+
+    @app.callback(
+        Output(ids.PEAK_LIST, "children"),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def list_peak(step, plan_ref):
+        """At the peak step: what is alive there, largest first."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or step is None or step != peak_step(plan.timeline):
+            return []
+        rows = alive_at(
+            studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"]), step
+        )
+        total = sum(r["nbytes"] for r in rows)
+        items = [
+            html.Li(
+                [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+                title=r["text"].replace("<br>", "\n").replace("<b>", "").replace("</b>", ""),
+            )
+            for r in rows[:PEAK_ROWS]
+        ]
+        more = len(rows) - len(items)
+        return [
+            html.P(
+                f"This is the peak: {fmt_bytes(total)} in {len(rows)} storages set it. "
+                "Largest first:"
+            ),
+            html.Ol(items + ([html.Li(f"… and {more} smaller")] if more > 0 else [])),
+        ]
+
+    @app.callback(
+        Output(ids.MEASURED, "data"),
+        Input(ids.MEASURE, "n_clicks"),
+        State(ids.PLAN, "data"),
+        background=True,
+        running=[
+            (Output(ids.MEASURE, "disabled"), True, False),
+            (Output(ids.MEASURE_TEXT, "children"), "running the step…", ""),
+        ],
+        prevent_initial_call=True,
+    )
+    def measure_here(_clicks, plan_ref):
+        """Run the plan's real step here under the storage tracker (in the background)."""
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        try:
+            model, inputs = studio.builders[plan_ref["key"].split("|")[0]]()
+            with studio_lock():
+                got = measure_plan(model, inputs, plan)
+        except Exception as err:  # shown next to the button; the app stays up
+            traceback.print_exc()
+            return {"plan": plan_ref, "error": plain_error(err)}
+        return {"plan": plan_ref, "live": got.live, "peak": got.peak, "error": None}
+
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Output(ids.MEASURE_TEXT, "children", allow_duplicate=True),
+        Input(ids.MEASURED, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_measured(measured, plan_ref):
+        """Overlay the measured live bytes on the predicted timeline of the same plan."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None or not measured or measured["plan"] != plan_ref:
+            raise PreventUpdate  # another plan is on screen now
+        if measured["error"]:
+            return no_update, f"Could not run the step: {measured['error']}"
+        _, size = figures.pick_unit(problem.store_all_peak)
+        patch = Patch()
+        patch["data"].append(figures.measured_trace(measured["live"], size, measured["peak"]))
+        return patch, (
+            f"measured peak {fmt(measured['peak'])}, predicted {fmt(plan.predicted_peak)} "
+            "(the tracker also counts the 4-byte seed of loss.backward())"
+        )
+
+
+def _step_through(app: Dash, studio: Studio) -> None:
+    """Play, step, jump: the step-through position over the plan's program."""
+
+    @app.callback(
+        Output(ids.STEP, "data", allow_duplicate=True),
+        Output(ids.TICKER, "disabled"),
+        Output(ids.PLAY, "children"),
+        Input(ids.PLAY, "n_clicks"),
+        Input(ids.STEP_NEXT, "n_clicks"),
+        Input(ids.STEP_BACK, "n_clicks"),
+        Input(ids.STEP_RESET, "n_clicks"),
+        Input(ids.JUMP_PEAK, "n_clicks"),
+        Input(ids.JUMP_RECOMPUTE, "n_clicks"),
+        Input(ids.TICKER, "n_intervals"),
+        State(ids.STEP, "data"),
+        State(ids.TICKER, "disabled"),
+        State(ids.SPEED, "value"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def step_through(
+        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
+    ):
+        plan, _ = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        last = len(plan.program) - 1
+        trigger = ctx.triggered_id
+        if trigger == ids.PLAY:
+            if paused:
+                start = 0 if step is None or step >= last else step
+                return start, False, "⏸ pause"
+            return no_update, True, "▶ play"
+        if trigger == ids.STEP_RESET:
+            return 0, True, "▶ play"
+        if trigger == ids.JUMP_PEAK:
+            return peak_step(plan.timeline), True, "▶ play"
+        if trigger == ids.JUMP_RECOMPUTE:
+            target = next_recompute(plan.timeline, step)
+            return (no_update if target is None else target), True, "▶ play"
+        if trigger == ids.STEP_BACK:
+            return max(0, (step or 0) - 1), no_update, no_update
+        stride = (speed or 1) if trigger == ids.TICKER else 1
+        nxt = 0 if step is None else step + stride
+        if nxt >= last:
+            return last, True, "▶ play"
+        return nxt, no_update, no_update
+
+
+def _export(app: Dash, studio: Studio) -> None:
+    """Download the plan on screen as a plan file."""
 
     @app.callback(
         Output(ids.DOWNLOAD, "data"),

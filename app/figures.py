@@ -7,6 +7,7 @@ decimated to `MAX_POINTS` points per trace keeping each bucket's highest step, s
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,15 @@ FATE_TEXT = {
     "kept": "kept from the forward to the backward",
     "recomputed": "freed in the forward, recomputed in the backward",
     "freed": "freed after its last use (the backward does not need it)",
+}
+# one colour per method, whichever is selected
+METHOD_COLORS = {
+    "rockmate": "#4c78a8",
+    "rotor": "#f58518",
+    "checkmate": "#b279a2",
+    "store_all": "#54a24b",
+    "checkpoint_blocks": "#9d755d",
+    "sqrt_n": "#72b7b2",
 }
 BLOCK_TINTS = ["#e8f0fb", "#fdf0e2", "#e9f5e8", "#f7e8f2", "#eef0d9", "#e6f4f4", "#f3e9dc"]
 
@@ -87,7 +97,8 @@ def timeline_figure(
     def where(s: Any) -> str:
         block = block_names[s.block] if 0 <= s.block < len(block_names) else ""
         verb = "recompute" if s.recompute else ("run" if s.kind == "run" else "free")
-        return f"step {s.index}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
+        # counted from 1, as the stepper counts
+        return f"step {s.index + 1}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
 
     text = [where(steps[i]) for i in keep]
     traces: list[dict] = []
@@ -178,6 +189,157 @@ def timeline_figure(
     }
 
 
+MAX_BANDS = 120  # storages drawn one by one in the per-tensor view; smaller ones are summed
+BAND_COLORS = {
+    "kept": "#4c78a8",
+    "recomputed": "#e45756",
+    "freed": "#9ecae9",
+    "temporary": "#f58518",
+    "gradient": "#54a24b",
+    "activation": "#4c78a8",
+}
+
+
+def tensor_figure(
+    rows: Sequence[dict],
+    n_steps: int,
+    backward_start: int,
+    unit: tuple[str, float] | None = None,
+    max_bands: int = MAX_BANDS,
+) -> dict:
+    """Each live storage as a band over program steps, stacked in allocation order (as
+    pytorch.org/memory_viz draws allocations): a band slides down when one below it is freed.
+
+    `rows` are dicts (start, end, nbytes, fate, text) from `app.state.tensor_rows`, steps
+    [start, end). The `max_bands` largest are drawn one by one; the rest are summed into one
+    grey band on top, so every step's stack still equals the live total.
+    """
+    rows = list(rows)
+    chosen = sorted(range(len(rows)), key=lambda i: -rows[i]["nbytes"])[:max_bands]
+    chosen.sort(key=lambda i: (rows[i]["start"], i))
+    alive = np.zeros((len(chosen), max(n_steps, 1)), dtype=np.int64)
+    for k, i in enumerate(chosen):
+        alive[k, rows[i]["start"] : rows[i]["end"]] = rows[i]["nbytes"]
+    offsets = np.cumsum(alive, axis=0) - alive  # bytes of earlier allocations still alive
+    total = np.zeros(max(n_steps, 1), dtype=np.int64)
+    for r in rows:
+        total[r["start"] : r["end"]] += r["nbytes"]
+    drawn = alive.sum(axis=0)
+    peak = int(total.max(initial=0))
+    name, size = unit or pick_unit(peak)
+    traces = []
+    for k, i in enumerate(chosen):
+        r = rows[i]
+        x, top, bottom = _band_outline(
+            offsets[k, r["start"] : r["end"]], r["start"], r["nbytes"], size
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": x + x[::-1],
+                "y": top + bottom[::-1],
+                "fill": "toself",
+                "fillcolor": BAND_COLORS.get(r["fate"], "#888888"),
+                "line": {"width": 0.5, "color": "white"},
+                "hoveron": "fills",
+                "hoverinfo": "text",
+                "text": r["text"],
+                "name": r.get("name", ""),
+                "showlegend": False,
+            }
+        )
+    rest = total - drawn
+    if len(rows) > len(chosen) and rest.any():
+        steps = list(range(n_steps))
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": steps + steps[::-1],
+                "y": [round(float(drawn[i] + rest[i]) / size, 4) for i in steps]
+                + [round(float(drawn[i]) / size, 4) for i in reversed(steps)],
+                "fill": "toself",
+                "fillcolor": "#d9d9d9",
+                "line": {"width": 0, "shape": "hv"},
+                "hoveron": "fills",
+                "hoverinfo": "text",
+                "text": f"{len(rows) - len(chosen)} smaller storages",
+                "name": "smaller storages",
+                "showlegend": False,
+                "meta": "rest",
+            }
+        )
+    legend = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "x": [None],
+            "y": [None],
+            "name": label,
+            "marker": {"symbol": "square", "size": 12, "color": BAND_COLORS[key]},
+        }
+        for key, label in (
+            ("kept", "kept for the backward"),
+            ("recomputed", "recomputed"),
+            ("freed", "freed in the forward"),
+            ("temporary", "temporary"),
+            ("gradient", "gradient"),
+        )
+    ]
+    return {
+        "data": traces + legend,
+        "layout": {
+            "height": 380,
+            "margin": {"l": 60, "r": 10, "t": 24, "b": 70},
+            "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+            "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
+            "hovermode": "closest",
+            "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+            "shapes": [_phase_rect(backward_start - 0.5, n_steps - 0.5, "rgba(84,162,75,0.07)")],
+            "plot_bgcolor": "white",
+            "meta": {"unit": name, "bands": len(chosen), "storages": len(rows)},
+        },
+    }
+
+
+def _band_outline(
+    offsets: np.ndarray, start: int, nbytes: int, size: float
+) -> tuple[list[float], list[float], list[float]]:
+    """x, top and bottom of one band whose bottom is `offsets` from step `start` on, as
+    step corners only where the offset changes (a band is drawn from step-0.5 to step+0.5)."""
+    change = np.flatnonzero(np.diff(offsets)) + 1
+    cuts = [0, *change.tolist(), len(offsets)]
+    x: list[float] = []
+    top: list[float] = []
+    bottom: list[float] = []
+    for a, b in zip(cuts, cuts[1:]):
+        low = float(offsets[a]) / size
+        for edge in (start + a - 0.5, start + b - 0.5):
+            x.append(edge)
+            bottom.append(round(low, 4))
+            top.append(round(low + nbytes / size, 4))
+    return x, top, bottom
+
+
+MEASURED_COLOR = "#111111"
+
+
+def measured_trace(live: Sequence[int], size: float, peak: int) -> dict:
+    """Live bytes per program step measured in a real run, as a line over the prediction."""
+    keep = decimate(live)
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": f"measured here (peak {fmt_bytes(peak)})",
+        "x": keep,
+        "y": [round(live[i] / size, 4) for i in keep],
+        "line": {"color": MEASURED_COLOR, "width": 1.5, "shape": "hv"},
+        "hovertemplate": "measured %{y:.2f}<extra></extra>",
+        "meta": "measured",
+    }
+
+
 def marker_trace(step: int | None, height: float) -> dict:
     """The step-through marker: a vertical line at `step` (empty when None)."""
     return {
@@ -234,8 +396,7 @@ def tradeoff_figure(
     """
     order = [current] + [m for m in curves if m != current]
     traces = []
-    palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2"]
-    for i, method in enumerate(m for m in order if m in curves):
+    for method in (m for m in order if m in curves):
         pts = sorted(curves[method])
         traces.append(
             {
@@ -244,8 +405,12 @@ def tradeoff_figure(
                 "name": labels.get(method, method),
                 "x": [round(p[0], 2) for p in pts],
                 "y": [round(p[1], 2) for p in pts],
-                "line": {"width": 3 if method == current else 1.5, "shape": "hv"},
-                "marker": {"size": 9 if method == current else 6, "color": palette[i % 6]},
+                "line": {
+                    "width": 3 if method == current else 1.5,
+                    "shape": "hv",
+                    "color": method_color(method),
+                },
+                "marker": {"size": 9 if method == current else 6, "color": method_color(method)},
                 "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>"
                 + labels.get(method, method)
                 + "</extra>",
@@ -266,6 +431,11 @@ def tradeoff_figure(
             "clickmode": "event",
         },
     }
+
+
+def method_color(method: str) -> str:
+    """The method's own colour (a grey for methods without one)."""
+    return METHOD_COLORS.get(method, "#7f7f7f")
 
 
 def budget_shape(budget_pct: float | None) -> dict:
@@ -290,12 +460,25 @@ DX, DY = 70, 34
 BLOCKS_PER_ROW = 6
 
 
-def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any]) -> list:
+def graph_prefix(key: str) -> str:
+    """The element-id prefix of one analysed model's graph.
+
+    Ids must differ between models: with `o66` in two models, cytoscape kept the old node
+    (under its old parent) while adding the new edges, failed ("nonexistant target 'o66'"),
+    and left the first model's skeleton under every later one.
+    """
+    return "g" + hashlib.sha1(key.encode()).hexdigest()[:8] + "-"
+
+
+def graph_elements(
+    blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any], prefix: str = ""
+) -> list:
     """Cytoscape elements with preset positions: one compound box per block (tinted by kind),
     its forward ops inside in columns, and an edge for each forward value read in the forward.
 
     `blocks` are `core.blocks.Block`-like (index, name, kind, forward_ops), `ops` and `values`
-    the graph's `Op`/`Value` records.
+    the graph's `Op`/`Value` records; every id starts with `prefix` (see `graph_prefix`), and
+    the data carry the block and op indices.
     """
     elements: list[dict] = []
     forward = set()
@@ -306,7 +489,8 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
         elements.append(
             {
                 "data": {
-                    "id": f"b{block.index}",
+                    "id": f"{prefix}b{block.index}",
+                    "block": block.index,
                     "label": f"block {block.index} · {block.name}",
                     "kind": block.kind,
                 },
@@ -321,8 +505,10 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
             elements.append(
                 {
                     "data": {
-                        "id": f"o{o}",
-                        "parent": f"b{block.index}",
+                        "id": f"{prefix}o{o}",
+                        "parent": f"{prefix}b{block.index}",
+                        "block": block.index,
+                        "op": o,
                         "label": op.label.removeprefix("aten."),
                         "name": op.name,
                     },
@@ -336,7 +522,15 @@ def graph_elements(blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[A
     for v, p in producer_op.items():
         for c in values[v].consumers:
             if c in forward:
-                elements.append({"data": {"id": f"e{v}-{c}", "source": f"o{p}", "target": f"o{c}"}})
+                elements.append(
+                    {
+                        "data": {
+                            "id": f"{prefix}e{v}-{c}",
+                            "source": f"{prefix}o{p}",
+                            "target": f"{prefix}o{c}",
+                        }
+                    }
+                )
     return elements
 
 
@@ -345,16 +539,18 @@ def graph_stylesheet(
     running: Sequence[int] = (),
     live: Sequence[int] = (),
     block: int | None = None,
+    prefix: str = "",
 ) -> list[dict]:
     """Base style, plus: forward ops coloured by their fate in the plan (op indices per fate),
     the op(s) running at the step-through position, ops whose results are alive there, and the
-    block running."""
+    block running (ids under `prefix`, as in `graph_elements`)."""
     sheet: list[dict] = [
         {
             "selector": "node.op",
             "style": {
                 "label": "data(label)",
-                "font-size": 9,
+                "font-size": 11,
+                "min-zoomed-font-size": 7,  # hidden when zoomed out too far to read
                 "width": 14,
                 "height": 14,
                 "background-color": "#9aa5b1",
@@ -386,28 +582,28 @@ def graph_stylesheet(
         if ids:
             sheet.append(
                 {
-                    "selector": ", ".join(f"#o{o}" for o in ids),
+                    "selector": ", ".join(f"#{prefix}o{o}" for o in ids),
                     "style": {"background-color": FATE_COLORS[fate]},
                 }
             )
     if live:
         sheet.append(
             {
-                "selector": ", ".join(f"#o{o}" for o in live),
+                "selector": ", ".join(f"#{prefix}o{o}" for o in live),
                 "style": {"border-width": 3, "border-color": MARKER_COLOR},
             }
         )
     if block is not None:
         sheet.append(
             {
-                "selector": f"#b{block}",
+                "selector": f"#{prefix}b{block}",
                 "style": {"border-width": 3, "border-color": MARKER_COLOR},
             }
         )
     if running:
         sheet.append(
             {
-                "selector": ", ".join(f"#o{o}" for o in running),
+                "selector": ", ".join(f"#{prefix}o{o}" for o in running),
                 "style": {
                     "width": 24,
                     "height": 24,

@@ -7,6 +7,9 @@ DEVICE = "device"
 METHOD = "method"
 BUDGET = "budget"  # dcc.Slider, % of the store-all peak
 BUDGET_BYTES = "budget-bytes"
+BUDGET_INPUT = "budget-input"  # typed budget (% of the store-all peak), commits on Enter or blur
+BUDGET_MESSAGE = "budget-message"  # why a typed budget was refused, with the minimum
+BUDGET_HINT = "budget-hint"  # what sets this model's peak (e.g. parameter gradients)
 
 # background work
 PROGRESS = "progress"
@@ -34,9 +37,17 @@ SOLVE_TIME = "num-solve-time"
 INTRO = "intro"
 GRAPH = "graph"
 GRAPH_LEGEND = "graph-legend"
+GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"
 TIMELINE = "timeline"
+TENSORS = "tensors"  # the per-tensor view: each live storage a band over program steps
+PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
+
+# measure here: the plan's real step on this machine, over the prediction
+MEASURE = "measure"
+MEASURED = "measured"  # store: the plan measured and its live bytes per step
+MEASURE_TEXT = "measure-text"
 
 # export
 EXPORT = "export"
@@ -49,5 +60,8 @@ STEP_BACK = "step-back"
 STEP_NEXT = "step-next"
 STEP_RESET = "step-reset"
 TICKER = "ticker"  # dcc.Interval driving play
+SPEED = "speed"  # steps per tick of play
+JUMP_PEAK = "jump-peak"
+JUMP_RECOMPUTE = "jump-recompute"
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"

@@ -10,6 +10,16 @@ from app.figures import FATE_COLORS, FATE_TEXT, graph_stylesheet
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
 
+TICK_MS = 250  # play's tick; SPEEDS are steps per tick
+SPEEDS = (1, 5, 25, 100)
+COST_WORDS = {
+    "cpu": "a CPU",
+    "a100": "an A100",
+    "h100": "an H100",
+    "v100": "a V100",
+    "rtx4090": "an RTX 4090",
+}
+
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")
 model = core.apply_plan(model, plan)
@@ -59,6 +69,7 @@ def build_layout(
                     html.Div(id=ids.INTRO, children="Analysing the model…"),
                 ],
             ),
+            _glossary(),
             _budget_row(),
             html.Div(
                 className="grid",
@@ -77,7 +88,8 @@ def build_layout(
             dcc.Store(id=ids.CONTEXT),
             dcc.Store(id=ids.PLAN),
             dcc.Store(id=ids.STEP),
-            dcc.Interval(id=ids.TICKER, interval=400, disabled=True),
+            dcc.Store(id=ids.MEASURED),
+            dcc.Interval(id=ids.TICKER, interval=TICK_MS, disabled=True),
             dcc.Download(id=ids.DOWNLOAD),
         ],
     )
@@ -126,6 +138,51 @@ def _controls(models, model, method, methods):
     )
 
 
+GLOSSARY = (
+    (
+        "activation",
+        "an op's output that the backward reads: a matmul's weight gradient needs its input, "
+        "so that input stays alive from the forward until its backward runs.",
+    ),
+    (
+        "temporaries",
+        "values an op needs only briefly (the forward's short-lived results, the backward's "
+        "intermediate gradients): they add on top of the activations, most at the start of "
+        "the backward, which is why the peak sits there.",
+    ),
+    (
+        "checkpoint",
+        "a value kept through the forward so the ops after it can be run again from it; "
+        "torch.utils.checkpoint keeps only each wrapped module's input.",
+    ),
+    (
+        "block",
+        "a run of forward ops between two values that separate the graph (usually one "
+        "layer), with their backward ops; identical blocks are solved once.",
+    ),
+    (
+        "budget",
+        "the most memory the step may hold at once beyond parameters and inputs: "
+        "activations, temporaries and the gradients it produces. 100% is plain PyTorch's peak.",
+    ),
+    (
+        "recompute",
+        "running a forward op again in the backward because its result was freed to save "
+        "memory: the plan pays the op's time to avoid keeping its bytes.",
+    ),
+)
+
+
+def _glossary() -> html.Details:
+    return html.Details(
+        className="card intro glossary",
+        children=[
+            html.Summary("Words used here"),
+            html.Dl([part for term, text in GLOSSARY for part in (html.Dt(term), html.Dd(text))]),
+        ],
+    )
+
+
 def _number(label: str, id_: str) -> html.Div:
     return html.Div(
         className="number", children=[html.Div("–", id=id_, className="value"), html.Div(label)]
@@ -143,18 +200,43 @@ def _budget_row():
                         ["budget ", html.Span(id=ids.BUDGET_BYTES, className="bytes")],
                         className="budget-label",
                     ),
-                    dcc.Slider(
-                        min=0,
-                        max=100,
-                        step=0.5,
-                        value=None,
-                        id=ids.BUDGET,
-                        marks=None,
-                        tooltip={"placement": "bottom", "always_visible": False},
+                    html.Div(
+                        className="budget-inputs",
+                        children=[
+                            dcc.Slider(
+                                min=0,
+                                max=100,
+                                step=0.5,
+                                value=None,
+                                id=ids.BUDGET,
+                                marks=None,
+                                allow_direct_input=False,
+                                tooltip={"placement": "bottom", "always_visible": False},
+                                className="slider",
+                            ),
+                            html.Label(
+                                [
+                                    dcc.Input(
+                                        id=ids.BUDGET_INPUT,
+                                        type="text",
+                                        debounce=True,  # commits on Enter or blur
+                                        size="6",
+                                        inputMode="decimal",
+                                    ),
+                                    " %",
+                                ],
+                                className="budget-typed",
+                                title="type a budget in % of the store-all peak, then Enter",
+                            ),
+                        ],
+                    ),
+                    html.Div(
+                        id=ids.BUDGET_MESSAGE, className="message warn", role="alert", hidden=True
                     ),
                     html.Div(
                         id=ids.PLAN_ERROR, className="message warn", role="alert", hidden=True
                     ),
+                    html.P(id=ids.BUDGET_HINT, className="hint"),
                 ],
             ),
             _number("predicted peak", ids.PEAK),
@@ -189,6 +271,7 @@ def _graph_card():
             boxSelectionEnabled=False,
         ),
         html.Div(legend, id=ids.GRAPH_LEGEND, className="legend"),
+        html.Div("Point at an op to name it.", id=ids.GRAPH_HOVER, className="hint"),
         html.Div(id=ids.BLOCK_PANEL, className="block-panel"),
     ]
 
@@ -204,14 +287,56 @@ def _timeline_card():
         html.Div(
             className="stepper",
             children=[
+                html.Button(
+                    "measure here",
+                    id=ids.MEASURE,
+                    title="run this plan's real training step on this machine and draw the "
+                    "live bytes it measures over the prediction",
+                ),
+                html.Span(id=ids.MEASURE_TEXT, className="step-text"),
+            ],
+        ),
+        html.Div(
+            className="stepper",
+            children=[
                 html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
                 html.Button("◀", id=ids.STEP_BACK, title="previous step"),
                 html.Button("▶ play", id=ids.PLAY, title="play / pause"),
                 html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
+                html.Label(
+                    [
+                        "speed ",
+                        dcc.Dropdown(
+                            [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
+                            1,
+                            id=ids.SPEED,
+                            clearable=False,
+                            searchable=False,
+                        ),
+                    ],
+                    className="speed",
+                ),
+                html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
+                html.Button(
+                    "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
+                ),
                 html.Span(id=ids.STEP_TEXT, className="step-text"),
             ],
         ),
         html.P("Press play or step to walk through the program.", id=ids.STEP_WHY, className="why"),
+        html.Div(id=ids.PEAK_LIST, className="peak-list"),
+        html.H2("Each tensor alive over the program"),
+        html.P(
+            "Every storage the step allocates, as a band from the step that makes it to the "
+            "step that frees it, stacked in allocation order (as pytorch.org/memory_viz draws "
+            "them). Point at a band for the op, the module and the line of Python that made it.",
+            className="hint",
+        ),
+        dcc.Graph(
+            id=ids.TENSORS,
+            figure={"data": [], "layout": {"height": 380}},
+            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+        ),
     ]
 
 
@@ -246,7 +371,8 @@ def intro(name: str, description: str, numbers: dict) -> list:
                 "pass uses it. For ",
                 html.B(name),
                 f" ({description}) that is a peak of {fmt_bytes(sa_peak)} beyond parameters "
-                f"and inputs, for a step of {_fmt_time(sa_time)} ({numbers['cost_model']} costs).",
+                f"and inputs, for a step of {_fmt_time(sa_time)} "
+                f"({cost_words(numbers['cost_model'])}).",
             ]
         )
     ]
@@ -264,6 +390,14 @@ def intro(name: str, description: str, numbers: dict) -> list:
             )
         )
     return parts
+
+
+def cost_words(cost_model: str) -> str:
+    """The cost model in words: "estimated:cpu" -> "op times estimated for a CPU"."""
+    kind, _, device = cost_model.partition(":")
+    if kind == "measured":
+        return "op times measured on this machine"
+    return f"op times estimated for {COST_WORDS.get(device, device)}"
 
 
 def _fmt_time(seconds: float) -> str:

@@ -7,6 +7,7 @@ results (see `app.cache`) and reads plans back as plain numbers for the figures.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -14,6 +15,7 @@ from functools import partial
 import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
+from app.figures import FATE_TEXT
 from core.errors import fmt_bytes
 from core.solvers import available_methods
 from core.tradeoff import minimum_budget
@@ -32,6 +34,16 @@ METHOD_LABELS = {
     "sqrt_n": "√n checkpoints (Chen et al.)",
 }
 DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
+
+# Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
+# threads at once failed with "CURRENT_PATCHER is None". One analysis (or measured run, whose
+# dispatch mode must not see a trace) at a time.
+_ANALYZE = threading.Lock()
+
+
+def studio_lock() -> threading.Lock:
+    """The lock analyses and measured runs take: one at a time in this process."""
+    return _ANALYZE
 
 
 @dataclass(frozen=True)
@@ -75,19 +87,22 @@ class Studio:
             report = progress or (lambda stage, frac: None)
             report("building the model", 0.0)
             model, inputs = self.builders[model_name]()
+            report("waiting for another analysis to finish", 0.1)
 
-            def tick(stage: str, frac: float) -> None:
+            def tick(stage: str, frac: float) -> None:  # the analysis is 10-100%
                 check_cancelled()
-                report(stage, frac)
+                report(stage, 0.1 + 0.9 * frac)
 
-            return core.analyze(
-                model,
-                inputs,
-                costs=costs,
-                device="cpu" if device == "here" else device,
-                name=model_name,
-                progress=tick,
-            )
+            with _ANALYZE:
+                check_cancelled()
+                return core.analyze(
+                    model,
+                    inputs,
+                    costs=costs,
+                    device="cpu" if device == "here" else device,
+                    name=model_name,
+                    progress=tick,
+                )
 
         return self.problems.get_or_make(key, make)
 
@@ -135,6 +150,15 @@ class Studio:
 
         return self.derived.get_or_make(("tradeoff", key, method), make)
 
+    def tensors(self, key: str, method: str, budget: int) -> list[dict]:
+        """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""
+
+        def make() -> list[dict]:
+            problem, plan = self.problem(key), self.plan(key, method, budget)
+            return tensor_rows(problem, plan, live_bands(problem, plan))
+
+        return self.derived.get_or_make(("tensors", key, method, int(budget)), make)
+
 
 # ------------------------------------------------------------------ reading a plan back
 
@@ -146,6 +170,76 @@ def op_fates(problem, plan) -> dict[str, list[int]]:
     for o, fate in plan.simulate().fates().items():
         fates[fate].append(o)
     return fates
+
+
+@dataclass(frozen=True)
+class Band:
+    """One storage alive over program steps [start, end) (end = len(program): to the end)."""
+
+    value: int
+    start: int
+    end: int
+
+
+def live_bands(problem, plan) -> list[Band]:
+    """Every activation, temporary and gradient storage's live intervals, in allocation order.
+
+    At each step the bytes of the bands alive there sum to the timeline's stacked total. The
+    one place the per-tensor view reads liveness from: the simulator's intervals.
+    """
+    graph = problem.graph
+    counted = {"activation", "temporary", "gradient"}
+    bands = [
+        Band(v, start, end)
+        for v, spans in plan.simulate().intervals.items()
+        if graph.values[v].kind in counted
+        for start, end in spans
+    ]
+    return sorted(bands, key=lambda b: (b.start, b.value))
+
+
+def tensor_rows(problem, plan, bands: list[Band]) -> list[dict]:
+    """What the per-tensor view draws and says about each band: bytes, and in words the
+    storage, the op, module path and source line that made it, and the plan's choice."""
+    graph = problem.graph
+    fate_of: dict[int, str] = {}
+    for fate, ops in op_fates(problem, plan).items():
+        fate_of.update(dict.fromkeys(ops, fate))
+    rows = []
+    for b in bands:
+        value = graph.values[b.value]
+        op = graph.ops[value.producer]
+        node = graph.trace.nodes[op.nodes[0]]
+        where = node.module or ("the backward" if op.phase == "backward" else "the model")
+        fate = fate_of.get(op.index)
+        text = (
+            f"<b>{value.name}</b> · {value.kind} · {_fmt(value.nbytes)}<br>"
+            f"made by {op.name} ({op.label}) in {where}"
+            + (f"<br>{_html(node.source)}" if node.source else "")
+            + (f"<br>{FATE_TEXT[fate]}" if fate else "")
+            + f"<br>alive at steps {b.start + 1}–{b.end}"
+        )
+        rows.append(
+            {
+                "start": b.start,
+                "end": b.end,
+                "nbytes": value.nbytes,
+                "name": value.name,
+                "kind": value.kind,
+                "fate": fate or value.kind,
+                "text": text,
+            }
+        )
+    return rows
+
+
+def alive_at(rows: list[dict], step: int) -> list[dict]:
+    """The rows alive after program step `step`, largest first."""
+    return sorted((r for r in rows if r["start"] <= step < r["end"]), key=lambda r: -r["nbytes"])
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def step_view(problem, plan, i: int) -> dict:
@@ -178,21 +272,34 @@ def step_view(problem, plan, i: int) -> dict:
                 if graph.values[v].producer is not None
                 and graph.ops[graph.values[v].producer].phase == "forward"
             ]
+        consumer = _backward_reader(graph, op)
+        price = f"{_ms(op.time)} for {_bytes(op, graph)}"
         if ran_before:
             why = (
-                f"Recompute {op.label} ({op.name}) of block {block} ({bname}) from its input "
-                f"checkpoint: its backward needs these activations, which were freed in the "
-                f"forward to save memory."
+                f"Recompute {op.label} ({op.name}) of block {block} ({bname}): "
+                f"{consumer or 'the backward'} reads it next. It was freed in the forward to "
+                f"save memory; running it again costs {price}."
             )
         elif i < plan.backward_start:
-            fate = (
-                "kept until the backward needs it"
-                if sim.fates()[target] == "kept"
-                else "freed after its last use in the forward"
-            )
+            outs = op.outputs
+            kept = any(v in sim.live_after(plan.backward_start - 1) for v in outs)
+            runs = sum(1 for k, t in plan.program if k == "run" and t == target)
+            if consumer is None:
+                fate = "freed after its last use in the forward: no backward op reads it"
+            elif kept:
+                fate = (
+                    f"kept: {consumer} in the backward reads it; recomputing it would cost {price}"
+                )
+            elif runs > 1:
+                fate = (
+                    f"freed: {consumer} in the backward reads it, and the plan recomputes it "
+                    f"there ({price}) rather than keep it through the forward"
+                )
+            else:
+                fate = f"freed: {consumer} reads values recomputed from it later"
             why = (
                 f"Forward of block {block} ({bname}): {op.label} ({op.name}) allocates "
-                f"{_bytes(op, graph)}; the plan keeps it only as long as needed: {fate}."
+                f"{_bytes(op, graph)}; {fate}."
             )
         else:
             why = (
@@ -214,6 +321,48 @@ def step_view(problem, plan, i: int) -> dict:
         "why": why,
         "label": f"step {i + 1} of {len(plan.program)} · {step.phase}",
     }
+
+
+def peak_step(timeline) -> int:
+    """The program step where live memory is highest (the first, on ties)."""
+    totals = [s.activations + s.temporaries + s.gradients for s in timeline]
+    return totals.index(max(totals)) if totals else 0
+
+
+def next_recompute(timeline, step: int | None) -> int | None:
+    """The first recomputing step after `step` (wrapping round), or None if none."""
+    recomputes = [s.index for s in timeline if s.recompute]
+    if not recomputes:
+        return None
+    return next((i for i in recomputes if step is None or i > step), recomputes[0])
+
+
+def peak_hint(timeline) -> str:
+    """A sentence when parameter gradients make up most of the peak: then recomputing
+    activations can only move the peak a little (conv nets, small batches)."""
+    if not timeline:
+        return ""
+    s = timeline[peak_step(timeline)]
+    total = s.activations + s.temporaries + s.gradients
+    if not total or s.gradients < total / 2:
+        return ""
+    return (
+        f"At this plan's peak, {_fmt(s.gradients)} of {_fmt(total)} are parameter gradients: "
+        "the backward must produce them and the budget counts them, but recomputing "
+        "activations cannot shrink them, so lower budgets save little on this model."
+    )
+
+
+def _backward_reader(graph, op) -> str | None:
+    """The name of the first backward op that reads one of `op`'s results, if any."""
+    readers = [
+        c for v in op.outputs for c in graph.values[v].consumers if graph.ops[c].phase == "backward"
+    ]
+    return graph.ops[min(readers)].name if readers else None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.0f} µs"
 
 
 def _bytes(op, graph) -> str:

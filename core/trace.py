@@ -19,6 +19,8 @@ import contextlib
 import dataclasses
 import hashlib
 import operator
+import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +85,7 @@ class AtenNode:
     writes: tuple[int, ...] = ()  # nodes it mutates in place
     random: bool = False  # draws from the random generator
     module: str | None = None  # module path that ran it (forward ops only)
+    source: str | None = None  # the model's Python line that made it: "file.py:12 in forward: ..."
     seq_nr: int = -1  # autograd sequence number: a backward node shares its forward op's
 
     @property
@@ -224,7 +227,12 @@ def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         return list(leaves), list(grads)
 
     with _ModuleScope(model) as scope, fake_mode:
-        gm = _guard(scope, lambda: make_fx(step)(*fparams, *fstate, *finputs, *ftangents))
+        gm = _guard(
+            scope,
+            lambda: make_fx(step, record_stack_traces=True)(
+                *fparams, *fstate, *finputs, *ftangents
+            ),
+        )
 
     roles = ["param"] * n_p + ["state"] * n_s + ["input"] * n_i + ["tangent"] * len(diff)
     nodes, storage_bytes, out_nodes, grad_nodes = _convert(gm.graph, roles)
@@ -449,10 +457,26 @@ def _convert(
             node.random = torch.Tag.nondeterministic_seeded in tags
             node.module = (fx_node.meta.get("custom") or {}).get("module")
             node.seq_nr = int(fx_node.meta.get("seq_nr", -1))
+            node.source = user_frame(fx_node.meta.get("stack_trace"))
         else:
             raise UnsupportedModel(f"an fx node of kind {fx_node.op}", "", "")
         nodes.append(node)
     return nodes, storage_bytes, out_nodes, grad_nodes
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def user_frame(stack_trace: str | None) -> str | None:
+    """The innermost frame of `stack_trace` outside torch and this file, as
+    "file.py:12 in forward: y = self.lin(x)" (None when there is none)."""
+    if not stack_trace:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', stack_trace)
+    for path, line, func, code in reversed(frames):
+        if not path.startswith(_TORCH_DIR) and path != __file__:
+            return f"{os.path.basename(path)}:{line} in {func}: {code.strip()}"
+    return None
 
 
 # Ops whose schema does not declare the running statistics they update in training mode.

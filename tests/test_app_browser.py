@@ -81,6 +81,11 @@ def press(page, key: str) -> None:
     )
 
 
+def card(page, id_: str):
+    """The card holding component `id_` (for screenshots of one view)."""
+    return page.locator(f"#{id_}").locator("xpath=ancestor::div[contains(@class, 'card')][1]")
+
+
 def graph_nodes(page, selector: str) -> int:
     return page.evaluate(f"() => ({CY})().nodes('{selector}').length")
 
@@ -127,6 +132,7 @@ def test_clicking_the_tradeoff_curve_sets_the_budget(ready):
     points = page.locator(f"#{ids.TRADEOFF} .scatterlayer .trace:first-child .points path")
     assert points.count() >= 3
     target = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').data[0].x[2]")
+    points.nth(2).scroll_into_view_if_needed()
     box = points.nth(2).bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     expected = round(target * 2) / 2
@@ -189,7 +195,7 @@ def test_step_through_moves_the_highlight(ready):
 
 def test_clicking_a_block_lists_its_ops(ready):
     page = ready
-    page.evaluate(f"() => ({CY})().$('#b1').emit('tap')")
+    page.evaluate(f"() => ({CY})().nodes('.block').filter(n => n.data('block') === 1).emit('tap')")
     page.wait_for_selector(f"#{ids.BLOCK_PANEL} table.ops")
     assert re.search(r"block 1 · ", page.inner_text(f"#{ids.BLOCK_PANEL}"))
 
@@ -203,3 +209,97 @@ def test_an_untraceable_model_shows_its_error(ready):
     page.screenshot(path=str(SHOTS / "error.png"))
     choose(page, ids.MODEL, "gpt-tiny")  # the app stays up
     error.wait_for(state="hidden", timeout=60_000)
+
+
+def type_budget(page, text: str) -> None:
+    box = page.locator(f"#{ids.BUDGET_INPUT}")
+    box.fill(text)
+    box.press("Enter")
+
+
+def test_typed_budgets_commit_on_enter_and_out_of_range_ones_say_the_minimum(ready):
+    page = ready
+    message = page.locator(f"#{ids.BUDGET_MESSAGE}")
+    low = page.evaluate("() => document.querySelector('#budget [role=slider]').ariaValueMin")
+    for bad in ("abc", "0", "-5", str(float(low) - 1)):
+        type_budget(page, bad)
+        message.wait_for(state="visible")
+        text = message.inner_text()
+        assert f"from {float(low):g}% (" in text, text  # names the minimum, in % and bytes
+        assert "NaN" not in page.inner_text(f"#{ids.BUDGET_BYTES}")
+    type_budget(page, "90")  # Enter alone commits: no blur
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').layout.meta.budget_pct === 90"
+    )
+    assert slider_value(page) == 90
+    message.wait_for(state="hidden")
+
+
+def test_jumps_to_the_peak_and_to_the_next_recompute(ready):
+    page = ready
+    press(page, "Home")  # the smallest budget: some ops are recomputed
+    page.click(f"#{ids.JUMP_PEAK}")
+    fig = figure(page)
+    peak_x = trace(fig, "peak")["x"][0]
+    page.wait_for_function(
+        "(s) => document.querySelector('#step-text').textContent.startsWith(`step ${s} `)",
+        arg=peak_x + 1,
+    )
+    page.click(f"#{ids.JUMP_RECOMPUTE}")
+    page.wait_for_function(
+        "() => document.querySelector('#step-why').textContent.startsWith('Recompute')"
+    )
+    hover = page.evaluate(
+        "() => document.querySelector('#timeline .js-plotly-plot').data[0].text[0]"
+    )
+    assert hover.startswith("step 1:")  # the hover counts from 1, as the stepper does
+
+
+def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(ready):
+    page = ready
+    press(page, "Home")  # a plan that recomputes
+    tensors = "document.querySelector('#tensors .js-plotly-plot')"
+    page.wait_for_function(f"() => {tensors}.data.length > 5")
+    texts = page.evaluate(f"() => {tensors}.data.map(t => t.text).filter(t => t)")
+    assert any("made by" in t and ".py:" in t and "recomputed" in t for t in texts)
+    page.locator("#tensors").scroll_into_view_if_needed()
+    box = page.locator("#tensors .nsewdrag").first.bounding_box()
+    for fx in (0.3, 0.4, 0.2, 0.5):  # point at a band in the forward
+        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * 0.95)
+        page.wait_for_timeout(300)
+        if page.locator("#tensors .hoverlayer .hovertext").count():
+            break
+    assert "made by" in page.locator("#tensors .hoverlayer").text_content()
+    card(page, ids.TENSORS).screenshot(path=str(SHOTS / "tensors.png"))
+    page.click(f"#{ids.JUMP_PEAK}")
+    peak_list = page.locator(f"#{ids.PEAK_LIST}")
+    peak_list.locator("li").first.wait_for()
+    assert "This is the peak" in peak_list.inner_text()
+    assert peak_list.locator("li").count() >= 2
+
+
+def test_measure_here_draws_the_real_run_over_the_prediction(ready):
+    page = ready
+    press(page, "Home")
+    page.click(f"#{ids.MEASURE}")
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').data"
+        ".some(t => t.meta === 'measured')",
+        timeout=60_000,
+    )
+    fig = figure(page)
+    measured = trace(fig, "measured")
+    predicted_peak = trace(fig, "peak")["y"][0]
+    assert abs(max(measured["y"]) - predicted_peak) < 1e-3  # +4 bytes, below the rounding
+    assert "measured peak" in page.inner_text(f"#{ids.MEASURE_TEXT}")
+    page.locator(f"#{ids.TIMELINE}").scroll_into_view_if_needed()
+    card(page, ids.TIMELINE).screenshot(path=str(SHOTS / "measured.png"))
+
+
+def test_pointing_at_an_op_names_it(ready):
+    page = ready
+    page.evaluate(f"() => ({CY})().nodes('.op')[3].emit('mouseover')")
+    page.wait_for_function(
+        "() => /allocates/.test(document.querySelector('#graph-hover').textContent)"
+    )
+    assert "aten." in page.inner_text(f"#{ids.GRAPH_HOVER}")

@@ -31,6 +31,7 @@ OUTPUTS = [
     (ids.PLAN_ERROR, "children"),
     (ids.PLAN_ERROR, "hidden"),
     (ids.STEP, "data"),
+    (ids.BUDGET_HINT, "children"),
 ]
 
 
