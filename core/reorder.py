@@ -31,6 +31,7 @@ from core.errors import InfeasibleBudget, RematError, fmt_bytes
 from core.problem import Problem
 from core.schedule import RUN, Plan, plan_from_runs
 
+ROUNDS = 3  # greedy rounds, each seeded with the best order so far
 # how many solves `solve_reordered` may spend looking for the least-recompute plan that fits
 SEARCH_PROBES = 10
 
@@ -146,6 +147,38 @@ def _delta(deps: Dependencies, p: int, remaining: list[int]) -> tuple[int, int]:
     return alloc - freed, alloc
 
 
+def _greedy_backwards(deps: Dependencies, lo: int, hi: int, placed: list[int]) -> list[int]:
+    """List-schedule positions lo..hi-1 from the last run to the first: each time, the run
+    (all of whose successors are placed) whose removal grows the live set least when walking
+    back in time (its inputs come alive, its outputs die). `placed` counts the readers of each
+    copy already placed, later in time (updated). Returns the order in forward time."""
+    succ_left = {p: 0 for p in range(lo, hi)}
+    for p in range(lo, hi):
+        for q in deps.before[p]:
+            succ_left[q] += 1
+    ready = {p for p in range(lo, hi) if succ_left[p] == 0}
+
+    def grow(p: int) -> tuple[int, int]:
+        born = sum(s for c in deps.reads[p] for s, f in [deps.copies[c]] if not placed[c] and not f)
+        dies = sum(s for c in deps.produces[p] for s, f in [deps.copies[c]] if placed[c] or f)
+        return born - dies, -p
+
+    order: list[int] = []
+    while ready:
+        best = min(ready, key=grow)
+        ready.discard(best)
+        order.append(best)
+        for c in deps.reads[best]:
+            placed[c] += 1
+        for q in deps.before[best]:
+            succ_left[q] -= 1
+            if succ_left[q] == 0:
+                ready.add(q)
+    if len(order) != hi - lo:  # cannot happen: the original order satisfies every edge
+        raise AssertionError("the run dependencies have a cycle")
+    return order[::-1]
+
+
 # tie rules for the greedy: each gives one candidate order, the simulator picks the best
 _KEYS: tuple[Callable[[int, tuple[int, int]], tuple], ...] = (
     lambda p, d: (d[0], p),  # least net growth, then original order
@@ -155,7 +188,8 @@ _KEYS: tuple[Callable[[int, tuple[int, int]], tuple], ...] = (
 
 
 def reordered_runs(problem: Problem, runs: Sequence[int], n_forward: int) -> list[list[int]]:
-    """Candidate run orders (one per greedy rule) with the same runs and pass boundary."""
+    """Candidate run orders (one per greedy rule, forward in time, and one backward in time)
+    with the same runs and pass boundary."""
     deps = dependencies(problem, runs, n_forward)
     n = len(runs)
     out = []
@@ -164,6 +198,9 @@ def reordered_runs(problem: Problem, runs: Sequence[int], n_forward: int) -> lis
         order = _greedy(deps, 0, n_forward, key, remaining)
         order += _greedy(deps, n_forward, n, key, remaining)
         out.append([runs[p] for p in order])
+    placed = [0] * len(deps.copies)
+    backward = _greedy_backwards(deps, n_forward, n, placed)
+    out.append([runs[p] for p in _greedy_backwards(deps, 0, n_forward, placed) + backward])
     return out
 
 
@@ -175,10 +212,14 @@ def reorder(plan: Plan) -> Plan:
         raise RematError("this plan is not attached to a problem: call plan.attach() first")
     runs, n_forward = run_list(plan)
     best = plan
-    for order in reordered_runs(problem, runs, n_forward):
-        trial = plan_from_runs(problem, order, n_forward, plan.method, plan.budget)
-        if trial.predicted_peak < best.predicted_peak:
-            best = trial
+    for _ in range(ROUNDS):  # ties follow the current order: a better order can seed another
+        start = best
+        for order in reordered_runs(problem, run_list(best)[0], n_forward):
+            trial = plan_from_runs(problem, order, n_forward, plan.method, plan.budget)
+            if trial.predicted_peak < best.predicted_peak:
+                best = trial
+        if best is start:
+            break
     if best is plan:
         return plan
     best.solve_seconds = plan.solve_seconds
