@@ -78,13 +78,16 @@ def assign_offsets(
         clash = placed & (firsts <= lasts[i]) & (lasts >= firsts[i])
         others = np.flatnonzero(clash)
         others = others[np.argsort(offsets[others], kind="stable")]
-        best, best_waste, top = None, None, 0
-        for j in others:  # gaps between the storages live at the same time, lowest first
-            gap = offsets[j] - top
-            if gap >= sizes[i] and (best_waste is None or gap - sizes[i] < best_waste):
-                best, best_waste = top, gap - sizes[i]
-            top = max(top, offsets[j] + sizes[j])
-        offsets[i] = top if best is None else best
+        # the gap below each storage live at the same time, lowest first: from the highest end
+        # of those below it to its offset
+        ends = np.maximum.accumulate(offsets[others] + sizes[others])
+        below = np.concatenate(([0], ends[:-1]))
+        waste = offsets[others] - below - sizes[i]
+        fits = np.flatnonzero(waste >= 0)
+        if fits.size:  # best fit: the gap that wastes least, the lowest of equals
+            offsets[i] = below[fits[np.argmin(waste[fits])]]
+        else:
+            offsets[i] = ends[-1] if ends.size else 0
         placed[i] = True
     return [
         Placement(v, int(offsets[i]), int(sizes[i]), first, last)
