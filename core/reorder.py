@@ -240,13 +240,16 @@ def solve_reordered(problem: Problem, budget: int, method: str) -> Plan:
     """
     solver = import_module(f"core.solvers.{method}").solve
     top = problem.store_all_peak
+    tried: dict[int, Plan | int] = {}
 
     def attempt(b: int) -> Plan | int:
         """The reordered plan the method makes for `b`, or the method's minimum if none."""
-        try:
-            return reorder(solver(problem, b))
-        except InfeasibleBudget as e:
-            return e.minimum
+        if b not in tried:
+            try:
+                tried[b] = reorder(solver(problem, b))
+            except InfeasibleBudget as e:
+                tried[b] = e.minimum
+        return tried[b]
 
     def fits(result: Plan | int) -> bool:
         return isinstance(result, Plan) and result.predicted_peak <= budget
