@@ -13,6 +13,7 @@ from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.problem import Problem
+from core.reorder import solve_reordered
 from core.schedule import Plan
 from core.solvers import checkmate, checkpoint_blocks, rockmate, rotor, sqrt_n, store_all
 
@@ -76,8 +77,14 @@ def parse_budget(budget: int | float | str, store_all_peak: int) -> int:
     return budget
 
 
-def solve(problem: Problem, budget: int | float | str, method: str = "rockmate") -> Plan:
-    """The plan of `method` with the least predicted time whose peak fits `budget`."""
+def solve(
+    problem: Problem, budget: int | float | str, method: str = "rockmate", reorder: bool = False
+) -> Plan:
+    """The plan of `method` with the least predicted time whose peak fits `budget`.
+
+    reorder: also reorder the plan's runs to lower its peak at no extra compute
+    (`core.reorder`); the method may then plan for more than `budget` and recompute less.
+    """
     if method not in available_methods():
         raise ValueError(
             f"unknown method {method!r}: choose one of {', '.join(available_methods())}"
@@ -92,7 +99,10 @@ def solve(problem: Problem, budget: int | float | str, method: str = "rockmate")
             f"planned for {fmt_bytes(peak)}, where nothing needs recomputing"
         )
     start = time.perf_counter()
-    plan = SOLVERS[method](problem, effective)
+    if reorder:
+        plan = solve_reordered(problem, effective, SOLVERS[method], method)
+    else:
+        plan = SOLVERS[method](problem, effective)
     plan.solve_seconds = time.perf_counter() - start
     plan.budget = asked
     plan.notes = notes + plan.notes
