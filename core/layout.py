@@ -98,6 +98,6 @@ def assign_offsets(
 def arena(plan: Plan, alignment: int = 1) -> Arena:
     """The plan's storages laid out in one arena (see the module docstring)."""
     sim = plan.simulate()
-    placements = assign_offsets(lifetimes(plan.problem.graph, sim.timeline), alignment)
+    placements = assign_offsets(lifetimes(plan._attached().graph, sim.timeline), alignment)
     size = max((p.offset + p.size for p in placements), default=0)
     return Arena(placements, size, sim.peak)

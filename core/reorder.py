@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from core.errors import InfeasibleBudget, RematError, fmt_bytes
 from core.problem import Problem
@@ -252,7 +253,7 @@ def solve_reordered(
                 tried[b] = e.minimum
         return tried[b]
 
-    def fits(result: Plan | int) -> bool:
+    def fits(result: Plan | int) -> TypeGuard[Plan]:
         return isinstance(result, Plan) and result.predicted_peak <= budget
 
     best = attempt(top)
