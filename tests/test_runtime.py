@@ -12,7 +12,7 @@ from core.errors import PlanMismatch
 from sample_models import SMALL
 
 SIMPLE = ["store_all", "checkpoint_blocks", "sqrt_n"]
-MODELS = [*SMALL, "gpt-1layer", "resnet-bottleneck-tiny"]
+MODELS = [*SMALL, "gpt-1layer", "resnet-bottleneck-tiny", "unet-tiny", "two-tower-tiny"]
 
 
 @pytest.mark.parametrize("name", MODELS)
