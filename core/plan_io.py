@@ -33,6 +33,7 @@ VERSION = 1
 MAX_FILE_BYTES = 4 * 2**20
 MAX_OPCODES = 500_000
 MAX_DEPTH = 8
+MAX_STACK = 5000  # pickle batches 1000 items per APPENDS, so a plain file needs ~1000
 MAX_TEXT = 4096  # characters in one note, name or dtype
 MAX_NOTES = 100
 MAX_INPUTS = 256
@@ -166,6 +167,8 @@ def scan_pickle(raw: bytes, name: str = "plan") -> None:
                 raise refuse(f"it asks to import {arg or 'a global'} (opcode {kind} at byte {pos})")
             elif kind not in _FRAMING:
                 raise refuse(f"opcode {kind} at byte {pos}")
+            if len(stack) > MAX_STACK:
+                raise refuse(f"more than {MAX_STACK} items pending on the pickle's stack")
             if stack and stack[-1] > MAX_DEPTH:
                 raise refuse(f"data nested deeper than {MAX_DEPTH} levels")
     except PlanFileError:
