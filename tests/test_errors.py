@@ -151,3 +151,20 @@ def test_cli_bad_budget_and_missing_file(tmp_path):
     assert "error: cannot read the budget" in _remat("plan", "mlp-tiny", "--budget", "x").stderr
     result = _remat("show", str(tmp_path / "missing.pkl"))
     assert result.returncode == 2 and "error: cannot read plan file" in result.stderr
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def forward(self, x):
+        y = torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        return y.sum()
+
+
+def test_model_that_already_checkpoints_is_told_to_remove_it():
+    with pytest.raises(core.UnsupportedModel) as err:
+        core.analyze(_Checkpointed(), (torch.randn(4, 8),))
+    assert "torch.utils.checkpoint" in str(err.value)
+    assert "remove the inner checkpoint" in str(err.value)
