@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import tempfile
 import threading
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from app import callbacks
 from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
 from app.state import DEFAULT_MODEL, Studio
-from core.model_spec import ModelSpecError, resolve_builder
+from core.errors import ServeError
+from core.model_spec import resolve_builder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -59,17 +61,28 @@ def serve(
 ) -> None:
     """Serve the app on http://host:port/, opened on gpt-tiny or on `model`
     ("package.module:callable" returning (model, example_inputs))."""
-    extra, error, initial = {}, "", None
-    if model:
-        try:
-            extra[model], initial = resolve_builder(model), model
-        except ModelSpecError as e:
-            error = f"{e}. Showing the sample models instead."
-    app = create_app(extra, initial_model=initial, startup_error=error)
+    check_port(host, port)
+    extra, initial = {}, None
+    if model:  # a wrong --model is an error (ModelSpecError), not a silent fallback
+        extra[model], initial = resolve_builder(model), model
+    app = create_app(extra, initial_model=initial)
     print(f"Remat Studio: http://{host}:{port}/", flush=True)
-    if error:
-        print(error, flush=True)
     app.run(host=host, port=port, debug=debug)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port out of range or in use now, with a ServeError, rather than let the server
+    abort (a port over 65535) or exit 1 with its own message (a port in use)."""
+    if type(port) is not int or not 0 <= port <= 65535:
+        raise ServeError(f"port {port!r} is not a TCP port (0-65535): choose one with --port")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ServeError(
+                f"cannot serve on {host}:{port}: {e.strerror}: choose another port with --port"
+            ) from None
 
 
 def _quietly(fn: Callable, *args) -> None:

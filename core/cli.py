@@ -43,7 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plan", help="solve for a budget and write a plan file")
     model_args(s)
-    s.add_argument("--budget", required=True, help="bytes ('2GB', '512MiB') or '50%%'")
+    s.add_argument(
+        "--budget",
+        required=True,
+        help="bytes ('2GB', '512MiB', '4096'), a percentage ('50%%') or a fraction ('0.5') "
+        "of the store-all peak",
+    )
     s.add_argument(
         "--method",
         default="rockmate",
@@ -64,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("app", help="serve the Dash app")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8050)
+    s.add_argument("--port", type=_port, default=8050, help="TCP port, 0-65535")
     s.add_argument("--model", default=None, help="add package.module:callable to the models")
     s.add_argument("--app-debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
     s.set_defaults(run=_app)
@@ -154,7 +159,8 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
     meta = plan.graph_meta
     print(
         f"plan {args.path}: method {plan.method}, budget {fmt_bytes(plan.budget)}\n"
-        f"  predicted peak {fmt_bytes(plan.predicted_peak)}, overhead {plan.overhead - 1:+.1%}\n"
+        f"  recorded prediction: peak {fmt_bytes(plan.predicted_peak)}, overhead "
+        f"{plan.overhead - 1:+.1%} (apply_plan recomputes both and checks the program)\n"
         f"  program: {len(plan.program)} instructions ({runs} op runs), backward from "
         f"{plan.backward_start}\n"
         f"  for a graph of {meta.get('n_nodes')} ATen nodes, {len(meta.get('params', []))} "
@@ -195,6 +201,13 @@ def _app(args: argparse.Namespace, rest: list[str]) -> int:
 
     serve(host=args.host, port=args.port, model=args.model, debug=args.app_debug)
     return 0
+
+
+def _port(text: str) -> int:
+    """argparse type for --port: a whole number from 0 to 65535."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
+    return int(text)
 
 
 def _ranges(ids: list[int]) -> str:

@@ -42,6 +42,10 @@ class PlanFileError(RematError):
     """A plan file is truncated, foreign, of a newer format, or unsafe."""
 
 
+class ServeError(RematError):
+    """The app cannot be served as asked: a port out of range or already in use."""
+
+
 class BudgetError(RematError, ValueError):
     """A budget that is not a number of bytes or a fraction of the store-all peak."""
 

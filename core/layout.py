@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.graph import Graph
-from core.schedule import Plan, Step
+from core.schedule import Plan
+from core.simulator import Step
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,17 @@ def resolve_builder(spec: str) -> Builder:
         raise ModelSpecError(f"{module_name} has no callable {attr!r} (from model {spec!r})")
 
     def build() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-        result = fn()
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - any error of the user's builder, named
+            raise ModelSpecError(
+                f"the model builder {spec} raised {type(e).__name__}: {e} (--debug shows where)"
+            ) from e
+        except SystemExit as e:
+            raise ModelSpecError(
+                f"the model builder {spec} called sys.exit({e.code!r}) instead of returning "
+                "(model, example_inputs)"
+            ) from e
         if (
             not isinstance(result, tuple)
             or len(result) != 2

@@ -1,19 +1,58 @@
-"""Plan files: a pickle of plain data (dicts, lists, numbers, strings), read by an unpickler that
-refuses every global, so a hostile file can never run code when it is loaded. What the data
-means is `core.schedule.Plan.to_data` / `Plan.from_data`; this module only moves it to and
-from a file."""
+"""Plan files: a pickle of plain data (dicts, lists, numbers, strings), read with bounded work.
+
+Loading a file takes three steps, each refusing with a PlanFileError that says why:
+1. a size cap and a scan of the pickle's opcodes (`pickletools.genops`) that admits only what
+   plain data needs: no global, no BUILD or REDUCE, no extension, memo indices in sequence,
+   no shared container (the "billion laughs"), bounded nesting and opcode count;
+2. an unpickler that refuses every global anyway, so nothing from the file can ever run;
+3. a schema check of every field's type, range and size.
+What the data means is `core.schedule.Plan.to_data` / `Plan.from_data`; the program's meaning
+(indices, liveness, budget) is checked against the model's graph by
+`core.validate.check_program` when the plan is applied.
+"""
 
 from __future__ import annotations
 
 import io
+import math
 import pickle
+import pickletools
+import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.errors import PlanFileError
+from core.simulator import FREE, RUN
 
 FORMAT = "remat-studio-plan"
 VERSION = 1
+
+# Limits far above any real plan (gpt2-small's file: 31 KB, 13,000 opcodes, depth 4) that keep
+# the scan of a hostile file under a second.
+MAX_FILE_BYTES = 4 * 2**20
+MAX_OPCODES = 500_000
+MAX_DEPTH = 8
+MAX_STACK = 5000  # pickle batches 1000 items per APPENDS, so a plain file needs ~1000
+MAX_TEXT = 4096  # characters in one note, name or dtype
+MAX_NOTES = 100
+MAX_INPUTS = 256
+MAX_RANK = 16
+MAX_DIM = 2**31
+MAX_PARAMS = 100_000
+MAX_BYTES_FIELD = 2**62  # budget, predicted peak
+
+_SCALARS = {  # opcodes pushing one plain scalar
+    "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
+    "SHORT_BINUNICODE", "BINUNICODE",
+}  # fmt: skip
+_EMPTY = {"EMPTY_LIST", "EMPTY_DICT", "EMPTY_TUPLE"}
+_FILL = {"APPEND": 1, "SETITEM": 2}  # pop n items into the container below them
+_TUPLE_N = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+_PUT = {"MEMOIZE", "BINPUT", "LONG_BINPUT"}
+_GET = {"BINGET", "LONG_BINGET"}
+_FRAMING = {"PROTO", "FRAME"}
 
 
 def write(data: Any, path: str | Path) -> None:
@@ -21,19 +60,26 @@ def write(data: Any, path: str | Path) -> None:
     Path(path).write_bytes(pickle.dumps(data, protocol=4))
 
 
-def read(path: str | Path) -> Any:
-    """The plain data in a plan file; never runs code from it. Raises PlanFileError."""
+def read(path: str | Path) -> dict[str, Any]:
+    """The checked plain data in a plan file; never runs code from it. Raises PlanFileError."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise PlanFileError(_too_big(str(path), size))
         raw = Path(path).read_bytes()
     except OSError as e:
         raise PlanFileError(f"cannot read plan file {path}: {e.strerror}") from None
     return from_bytes(raw, str(path))
 
 
-def from_bytes(raw: bytes, name: str = "plan") -> Any:
-    """The plain data in a plan file's bytes, through the unpickler that refuses globals."""
+def from_bytes(raw: bytes, name: str = "plan") -> dict[str, Any]:
+    """The plain data in a plan file's bytes: scanned, unpickled without globals, then
+    schema-checked (`check_data`)."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise PlanFileError(_too_big(name, len(raw)))
+    scan_pickle(raw, name)
     try:
-        return _SafeUnpickler(io.BytesIO(raw)).load()
+        data = _SafeUnpickler(io.BytesIO(raw)).load()
     except PlanFileError:
         raise
     except (EOFError, pickle.UnpicklingError, ValueError, IndexError, KeyError, TypeError) as e:
@@ -41,6 +87,96 @@ def from_bytes(raw: bytes, name: str = "plan") -> Any:
         raise PlanFileError(
             f"{name} is {kind}: {type(e).__name__}; export the plan again"
         ) from None
+    check_data(data, name)
+    return data
+
+
+def scan_pickle(raw: bytes, name: str = "plan") -> None:
+    """Refuse, before unpickling, any pickle that is more than plain nested data of bounded
+    size: each opcode is checked against a small stack model (containers and scalars)."""
+    stack: list[int] = []  # per item: its nesting depth (0 for scalars); -1 marks a MARK
+    memo_is_container: list[bool] = []
+    count = 0
+
+    def refuse(why: str) -> PlanFileError:
+        return PlanFileError(
+            f"refusing to load {name}: {why}. Plan files hold plain data only; this one is "
+            "foreign, damaged or hostile, and nothing from it was run"
+        )
+
+    try:
+        for op, arg, pos in pickletools.genops(raw):
+            count += 1
+            if count > MAX_OPCODES:
+                raise refuse(f"more than {MAX_OPCODES} pickle opcodes")
+            kind = op.name
+            if kind in _SCALARS:
+                stack.append(0)
+            elif kind in _EMPTY:
+                stack.append(1)
+            elif kind == "MARK":
+                stack.append(-1)
+            elif kind in _FILL or kind in ("APPENDS", "SETITEMS"):
+                if kind in _FILL:
+                    items = [stack.pop() for _ in range(_FILL[kind])]
+                else:
+                    items = _pop_mark(stack)
+                if not stack or stack[-1] < 1 or -1 in items:
+                    raise refuse(f"{kind} at byte {pos} outside a container")
+                stack[-1] = max([stack[-1], *(d + 1 for d in items)])
+            elif kind in _TUPLE_N or kind == "TUPLE":
+                items = (
+                    _pop_mark(stack)
+                    if kind == "TUPLE"
+                    else [stack.pop() for _ in range(_TUPLE_N[kind])]
+                )
+                if -1 in items:
+                    raise refuse(f"{kind} at byte {pos} across a mark")
+                stack.append(max([1, *(d + 1 for d in items)]))
+            elif kind in _PUT:
+                index = len(memo_is_container) if kind == "MEMOIZE" else arg
+                if index != len(memo_is_container) or not stack or stack[-1] < 0:
+                    raise refuse(f"memo index {index} out of sequence at byte {pos}")
+                memo_is_container.append(stack[-1] > 0)
+            elif kind in _GET:
+                if not isinstance(arg, int) or not 0 <= arg < len(memo_is_container):
+                    raise refuse(f"memo index {arg} never stored, at byte {pos}")
+                if memo_is_container[arg]:
+                    raise refuse(f"a container referenced twice, at byte {pos}")
+                stack.append(0)
+            elif kind == "STOP":
+                if len(stack) != 1 or stack[0] < 0:
+                    raise refuse("STOP with an unbalanced stack")
+            elif kind in ("GLOBAL", "STACK_GLOBAL"):
+                raise refuse(f"it asks to import {arg or 'a global'} (opcode {kind} at byte {pos})")
+            elif kind not in _FRAMING:
+                raise refuse(f"opcode {kind} at byte {pos}")
+            if len(stack) > MAX_STACK:
+                raise refuse(f"more than {MAX_STACK} items pending on the pickle's stack")
+            if stack and stack[-1] > MAX_DEPTH:
+                raise refuse(f"data nested deeper than {MAX_DEPTH} levels")
+    except PlanFileError:
+        raise
+    except IndexError:  # popped an empty stack
+        raise refuse("an opcode with too few items on the stack") from None
+    except ValueError as e:  # genops: truncated argument, bad opcode byte, no STOP
+        kind = "truncated" if "remain" in str(e) or "STOP" in str(e) else "corrupt"
+        raise PlanFileError(f"{name} is {kind} ({e}); export the plan again") from None
+
+
+def _pop_mark(stack: list[int]) -> list[int]:
+    """Pop the items above the topmost MARK, and the MARK."""
+    mark = len(stack) - 1 - stack[::-1].index(-1)
+    items = stack[mark + 1 :]
+    del stack[mark:]
+    return items
+
+
+def _too_big(name: str, size: int) -> str:
+    return (
+        f"{name} is {size} bytes, more than a plan file can be ({MAX_FILE_BYTES} bytes): "
+        "it is not a Remat Studio plan, or not one this version can read"
+    )
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -49,3 +185,120 @@ class _SafeUnpickler(pickle.Unpickler):
             f"refusing to load: the file asks to import {module}.{name}. Plan files hold plain "
             "data only; this one is foreign or hostile, and nothing from it was run"
         )
+
+
+_FIELDS = {
+    "format", "version", "method", "budget", "fingerprint", "graph_meta", "backward_start",
+    "program", "predicted", "notes",
+}  # fmt: skip
+
+
+def check_data(data: Any, name: str = "plan") -> None:
+    """Every field of a plan file's data checked for type, range and size; PlanFileError
+    says which is wrong."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise PlanFileError(f"{name} is a pickle, but not a Remat Studio plan file")
+    version = data.get("version")
+    if type(version) is not int or version < 1:
+        raise PlanFileError(
+            f"{name} has format version {version!r}; versions are whole numbers from 1 to "
+            f"{VERSION}: the file is damaged, export the plan again"
+        )
+    if version > VERSION:
+        raise PlanFileError(
+            f"{name} has plan format version {version}, newer than this Remat Studio reads "
+            f"({VERSION}): upgrade remat-studio to load it"
+        )
+    fields = set(data)
+    if fields != _FIELDS:
+        raise PlanFileError(
+            f"{name} is a damaged plan file: missing fields {sorted(_FIELDS - fields)}, "
+            f"unknown fields {sorted(map(str, fields - _FIELDS))[:5]}; export the plan again"
+        )
+
+    def bad(field: str, why: str) -> PlanFileError:
+        return PlanFileError(f"{name} is a damaged plan file: {field} {why}; export the plan again")
+
+    method, fp, notes = data["method"], data["fingerprint"], data["notes"]
+    if not _is_text(method) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", method):
+        raise bad("method", "is not a method name")
+    if not isinstance(fp, str) or not re.fullmatch(r"[0-9a-f]{32}", fp):
+        raise bad("fingerprint", "is not 32 hexadecimal digits")
+    budget = data["budget"]
+    if not _is_int(budget, 1, MAX_BYTES_FIELD):
+        raise bad("budget", f"is not a number of bytes from 1 to 2**62 ({budget!r})")
+    program = data["program"]
+    if not isinstance(program, list) or not program:
+        raise bad("program", "is empty or not a list")
+    for i, ins in enumerate(program):
+        if (
+            not isinstance(ins, (list, tuple))
+            or len(ins) != 2
+            or ins[0] not in (RUN, FREE)
+            or not _is_int(ins[1], 0, MAX_DIM)
+        ):
+            raise bad(f"program step {i}", f"is not [run|free, index] ({str(ins)[:60]})")
+    backward_start = data["backward_start"]
+    if not _is_int(backward_start, 1, len(program) - 1):
+        raise bad("backward_start", f"must lie inside the program (1..{len(program) - 1})")
+    predicted = data["predicted"]
+    if (
+        not isinstance(predicted, list)
+        or len(predicted) != 3
+        or not _is_int(predicted[0], 0, MAX_BYTES_FIELD)
+        or not all(_is_number(x) for x in predicted[1:])
+    ):
+        raise bad("predicted", "is not [peak bytes, seconds, overhead]")
+    if not isinstance(notes, list) or len(notes) > MAX_NOTES or not all(map(_is_text, notes)):
+        raise bad("notes", f"is not a list of at most {MAX_NOTES} short texts")
+    check_graph_meta(data["graph_meta"], name)
+
+
+def check_graph_meta(meta: Any, name: str = "the plan") -> None:
+    """The graph description a plan carries (parameters, buffers, input shapes and dtypes),
+    checked field by field: `apply_plan` builds example inputs from it."""
+
+    def bad(why: str) -> PlanFileError:
+        return PlanFileError(f"{name} has damaged graph metadata: {why}; export the plan again")
+
+    if not isinstance(meta, dict) or set(meta) != {"params", "state", "inputs", "n_nodes"}:
+        raise bad("expected params, state, inputs and n_nodes")
+    params, state, inputs = meta["params"], meta["state"], meta["inputs"]
+    if not _is_int(meta["n_nodes"], 1, MAX_DIM):
+        raise bad("n_nodes is not a positive count")
+    if not isinstance(params, list) or len(params) > MAX_PARAMS:
+        raise bad(f"params is not a list of at most {MAX_PARAMS}")
+    for p in params:
+        if not (isinstance(p, list) and len(p) == 2 and all(map(_is_text, p))):
+            raise bad(f"a parameter entry is not [name, spec] ({str(p)[:60]})")
+    if not isinstance(state, list) or len(state) > MAX_PARAMS or not all(map(_is_text, state)):
+        raise bad("state is not a list of buffer names")
+    if not isinstance(inputs, list) or not 0 < len(inputs) <= MAX_INPUTS:
+        raise bad(f"inputs is not a list of 1 to {MAX_INPUTS} entries")
+    for i, entry in enumerate(inputs):
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise bad(f"input {i} is not [shape, dtype, requires_grad]")
+        shape, dtype, requires_grad = entry
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_RANK
+            or not all(_is_int(d, 0, MAX_DIM) for d in shape)
+            or math.prod(shape) > MAX_DIM**2
+        ):
+            raise bad(f"input {i}'s shape is not a list of at most {MAX_RANK} sizes")
+        if not _is_text(dtype) or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise bad(f"input {i}'s dtype {str(dtype)[:40]!r} is not a torch dtype")
+        if not isinstance(requires_grad, bool):
+            raise bad(f"input {i}'s requires_grad is not True or False")
+
+
+def _is_int(x: Any, low: int, high: int) -> bool:
+    return type(x) is int and low <= x <= high
+
+
+def _is_number(x: Any) -> bool:
+    return type(x) in (int, float) and math.isfinite(x) and 0 <= x < 1e12
+
+
+def _is_text(x: Any) -> bool:
+    return isinstance(x, str) and 0 < len(x) <= MAX_TEXT

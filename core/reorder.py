@@ -29,7 +29,8 @@ from typing import TypeGuard
 
 from core.errors import InfeasibleBudget, RematError, fmt_bytes
 from core.problem import Problem
-from core.schedule import RUN, Plan, plan_from_runs
+from core.schedule import Plan, plan_from_runs
+from core.simulator import RUN
 
 ROUNDS = 3  # greedy rounds, each seeded with the best order so far
 # how many solves `solve_reordered` may spend looking for the least-recompute plan that fits

@@ -23,20 +23,23 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from core.errors import PlanMismatch
-from core.graph import Graph, build_graph
+from core.errors import PlanMismatch, UnsupportedModel
+from core.graph import Graph
 from core.interpret import Call, binding, compile_node
+from core.plan_io import check_graph_meta
+from core.problem import Problem, analyze
 from core.schedule import Plan
 from core.simulator import FREE
 from core.trace import (
     TensorSpec,
     aliases_schema_write,
-    capture,
-    fingerprint,
+    describe_difference,
     undeclared_writes,
     unflatten_output,
 )
+from core.validate import check_program
 
 # how a node runs: normally, replaying its random state, on copies of the state it writes, or not
 _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
@@ -239,23 +242,55 @@ def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
-    made for (same parameters, same code); inputs must have the plan's shapes and dtypes."""
+    made for (same parameters, same code); inputs must have the plan's shapes and dtypes.
+
+    Nothing in the plan is trusted: a plan that is not bound to this model is checked against
+    the model's own trace (parameters, then the fingerprint), bound to that trace when it has
+    none (so its predictions are recomputed, not read from a file), and its program is checked
+    by `core.validate.check_program` (InvalidPlan names the step and the reason).
+    """
     problem = plan.problem
     if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
-        return PlannedModule(model, problem.graph, plan)
+        graph = problem.graph
+    else:
+        mine = _problem_for(model, plan)
+        graph = mine.graph
+        if problem is None:
+            plan.attach(mine)
+        elif problem.fingerprint != mine.fingerprint:
+            raise PlanMismatch(
+                "the plan was made for another graph: "
+                + describe_difference(mine.graph.trace, plan.graph_meta)
+            )
+    check_program(plan, plan._attached())
+    return PlannedModule(model, graph, plan)
+
+
+def _problem_for(model: nn.Module, plan: Plan) -> Problem:
+    """Trace `model` on fake inputs shaped as the plan records (nothing is allocated, however
+    large the recorded shapes) and check the trace is the plan's."""
+    check_graph_meta(plan.graph_meta)
     _check_params(model, plan)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    example = [
-        torch.zeros(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(requires_grad)
-        for shape, dtype, requires_grad in plan.graph_meta["inputs"]
-    ]
-    graph = build_graph(capture(model, example))
-    if fingerprint(graph.trace) != plan.fingerprint:
+    with FakeTensorMode():
+        example = [
+            torch.empty(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(grad)
+            for shape, dtype, grad in plan.graph_meta["inputs"]
+        ]
+    try:
+        problem = analyze(model, example)
+    except UnsupportedModel as e:
         raise PlanMismatch(
-            "the model's traced operations differ from the plan's (same parameter shapes, "
-            "different code or dtype): make a new plan for this model"
+            f"the model cannot run on the plan's recorded inputs {plan.graph_meta['inputs']} "
+            f"({e}): the plan was made for other inputs or another model"
+        ) from None
+    if problem.fingerprint != plan.fingerprint:
+        raise PlanMismatch(
+            "the model's traced operations differ from the plan's: "
+            + describe_difference(problem.graph.trace, plan.graph_meta)
+            + ": make a new plan for this model"
         )
-    return PlannedModule(model, graph, plan)
+    return problem
 
 
 def _check_params(model: nn.Module, plan: Plan) -> None:

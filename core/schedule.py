@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from core import plan_io
-from core.errors import PlanFileError, PlanMismatch, RematError
+from core.errors import PlanMismatch, RematError
 from core.problem import Problem
 from core.simulator import (
-    FREE,
-    RUN,
     Instruction,
     Simulation,
     Step,
@@ -125,36 +123,21 @@ class Plan:
 
     @classmethod
     def from_data(cls, data: Any, name: str = "plan") -> Plan:
-        """The plan `to_data` gave, checked; PlanFileError says what is wrong with `data`."""
-        if not isinstance(data, dict) or data.get("format") != plan_io.FORMAT:
-            raise PlanFileError(f"{name} is a pickle, but not a Remat Studio plan file")
-        version = data.get("version")
-        if not isinstance(version, int):
-            raise PlanFileError(f"{name} has no valid format version")
-        if version > plan_io.VERSION:
-            raise PlanFileError(
-                f"{name} has plan format version {version}, newer than this Remat Studio reads "
-                f"({plan_io.VERSION}): upgrade remat-studio to load it"
-            )
-        try:
-            program = [(str(k), int(t)) for k, t in data["program"]]
-            if any(k not in (RUN, FREE) for k, _ in program):
-                raise ValueError("unknown instruction")
-            predicted = data["predicted"]
-            plan = cls(
-                program=program,
-                backward_start=int(data["backward_start"]),
-                method=str(data["method"]),
-                budget=int(data["budget"]),
-                fingerprint=str(data["fingerprint"]),
-                notes=[str(n) for n in data.get("notes", [])],
-                graph_meta=dict(data["graph_meta"]),
-            )
-            plan.saved_prediction = (int(predicted[0]), float(predicted[1]), float(predicted[2]))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise PlanFileError(
-                f"{name} is a damaged plan file ({type(e).__name__}: {e})"
-            ) from None
+        """The plan `to_data` gave, every field checked (`plan_io.check_data`); PlanFileError
+        says what is wrong with `data`. The program is checked against a graph on `attach`
+        and `apply_plan` (`core.validate.check_program`)."""
+        plan_io.check_data(data, name)
+        predicted = data["predicted"]
+        plan = cls(
+            program=[(kind, target) for kind, target in data["program"]],
+            backward_start=data["backward_start"],
+            method=data["method"],
+            budget=data["budget"],
+            fingerprint=data["fingerprint"],
+            notes=list(data["notes"]),
+            graph_meta=data["graph_meta"],
+        )
+        plan.saved_prediction = (predicted[0], float(predicted[1]), float(predicted[2]))
         return plan
 
 

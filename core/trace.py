@@ -388,6 +388,13 @@ def _guard(scope: _ModuleScope, fn):
         ) from None
     except Exception as e:  # noqa: BLE001 - anything the model raises while tracing
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if _raised_in_checkpoint(e):
+            raise UnsupportedModel(
+                "torch.utils.checkpoint (non-reentrant) inside the forward pass",
+                scope.where,
+                "remove the inner checkpoint: the plan decides what to keep and what to "
+                "recompute for the whole step and replaces it",
+            ) from None
         if "data-dependent" in str(e) or "data dependent" in str(e):
             raise UnsupportedModel(
                 "data-dependent control flow",
@@ -400,6 +407,17 @@ def _guard(scope: _ModuleScope, fn):
             scope.where,
             "check that the example inputs match what the model expects",
         ) from None
+
+
+def _raised_in_checkpoint(e: BaseException) -> bool:
+    """Whether `e` came from inside torch.utils.checkpoint, whose non-reentrant form fails under
+    the fake tensors of the trace."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(("utils/checkpoint.py", "utils\\checkpoint.py")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _convert(

@@ -1,5 +1,7 @@
 """Bad input gets a clear error that says what is wrong and what to do."""
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -19,7 +21,11 @@ def problem():
     return core.analyze(model, inputs)
 
 
-@pytest.mark.parametrize("budget", [0, -5, 0.0, -0.5, float("nan"), "", "lots", "-3GB", True])
+@pytest.mark.parametrize(
+    "budget",
+    [0, -5, 0.0, -0.5, float("nan"), "", "lots", "-3GB", True, float("inf"), "1e999", "1e999%",
+     "inf", 2**70, "1e30TB", 1e300],
+)  # fmt: skip
 def test_bad_budgets_are_refused(problem, budget):
     with pytest.raises(BudgetError):
         core.solve(problem, budget, method="store_all")
@@ -36,6 +42,9 @@ def test_budget_strings(text, expected):
 def test_percent_and_fraction(problem):
     peak = problem.store_all_peak
     assert parse_budget("50%", peak) == parse_budget(0.5, peak) == int(0.5 * peak)
+    # a bare number string reads as the Python literal: "0.5" a fraction, "4096" bytes
+    assert parse_budget("0.5", peak) == parse_budget(0.5, peak)
+    assert parse_budget("4096", peak) == parse_budget(4096, peak) == 4096
 
 
 def test_budget_above_store_all_gives_store_all_with_a_note(problem):
@@ -80,10 +89,48 @@ def test_wrong_example_inputs_are_an_unsupported_model_error():
         core.analyze(nn.Linear(4, 4), (torch.randn(3, 5),))
 
 
-def _remat(*args: str) -> subprocess.CompletedProcess:
+def _remat(*args: str, path: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [path, os.getcwd()])))
     return subprocess.run(
-        [sys.executable, "-m", "core.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The CLI's single `error:` line (exit 2, no traceback)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-500:])
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "error: " in ln]
+    assert len(lines) == 1, result.stderr[-500:]
+    return lines[0]
+
+
+def test_cli_builder_that_raises_or_exits_is_named(tmp_path):
+    (tmp_path / "mybuilders.py").write_text(
+        "import sys\n"
+        "def boom():\n    raise RuntimeError('no data here')\n"
+        "def leave():\n    sys.exit(0)\n"
+    )
+    line = _one_error_line(_remat("inspect", "mybuilders:boom", path=str(tmp_path)))
+    assert "mybuilders:boom raised RuntimeError: no data here" in line
+    line = _one_error_line(_remat("inspect", "mybuilders:leave", path=str(tmp_path)))
+    assert "mybuilders:leave called sys.exit(0)" in line
+    debug = _remat("--debug", "inspect", "mybuilders:boom", path=str(tmp_path))
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_cli_app_bad_port_model_and_port_in_use():
+    assert "99999" in _one_error_line(_remat("app", "--port", "99999"))
+    assert "nosuch" in _one_error_line(_remat("app", "--model", "nosuch:x", "--port", "0"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        assert port in _one_error_line(_remat("app", "--port", port))
 
 
 def test_cli_error_is_one_line_exit_2():
@@ -104,3 +151,20 @@ def test_cli_bad_budget_and_missing_file(tmp_path):
     assert "error: cannot read the budget" in _remat("plan", "mlp-tiny", "--budget", "x").stderr
     result = _remat("show", str(tmp_path / "missing.pkl"))
     assert result.returncode == 2 and "error: cannot read plan file" in result.stderr
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def forward(self, x):
+        y = torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        return y.sum()
+
+
+def test_model_that_already_checkpoints_is_told_to_remove_it():
+    with pytest.raises(core.UnsupportedModel) as err:
+        core.analyze(_Checkpointed(), (torch.randn(4, 8),))
+    assert "torch.utils.checkpoint" in str(err.value)
+    assert "remove the inner checkpoint" in str(err.value)

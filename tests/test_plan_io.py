@@ -89,17 +89,15 @@ def test_hostile_pickle_never_runs(tmp_path):
     assert not victim.exists()
 
 
-def test_load_and_apply_never_solves_or_simulates(tmp_path, gpt_tiny_plan, monkeypatch):
-    """Loading and applying a saved plan retraces the model and nothing more: no analysis,
-    no solver, no simulation (each of them fails here if called)."""
+def test_load_and_apply_never_solves(tmp_path, gpt_tiny_plan, monkeypatch):
+    """Loading and applying a saved plan retraces the model and checks the program by one
+    simulation (`core.validate`), but never solves (every solver fails here if called)."""
     path = tmp_path / "plan.pkl"
     gpt_tiny_plan.save(path)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("apply_plan of a loaded plan must not plan again")
 
-    for module, name in ((core.problem, "analyze"), (core.simulator, "walk")):
-        monkeypatch.setattr(module, name, forbidden)
     for method in core.solvers.SOLVERS:
         monkeypatch.setitem(core.solvers.SOLVERS, method, forbidden)
     model, _ = fresh("gpt-tiny")

@@ -35,6 +35,8 @@ SOLVERS: dict[str, Solver] = {
 }
 METHODS = tuple(SOLVERS)
 
+MAX_BUDGET = 2**62  # bytes: far beyond any device, small enough to stay exact
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -51,30 +53,48 @@ _UNITS = {
 
 def parse_budget(budget: int | float | str, store_all_peak: int) -> int:
     """Bytes from an int (bytes), a float fraction of the store-all peak (0.5), or a string
-    the command line accepts ("2GB", "512MiB", "50%")."""
+    the command line accepts: bytes with a unit ("2GB", "512MiB", "3e3B"), a percentage
+    ("50%"), or a bare number read as the Python literal it spells: "4096" is bytes like 4096,
+    "0.5" (a decimal point or an exponent) a fraction like 0.5. Infinite, NaN, zero, negative
+    and absurdly large budgets (over 2**62 bytes) are refused with a BudgetError."""
     if isinstance(budget, str):
         text = budget.strip().lower().replace(" ", "")
         m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)(%|[kmgt]?i?b)?", text)
         if not m:
             raise BudgetError(
-                f"cannot read the budget {budget!r}: write bytes with a unit ('2GB', '512MiB') "
-                "or a percentage of the store-all peak ('50%')"
+                f"cannot read the budget {budget!r}: write bytes with a unit ('2GB', '512MiB'), "
+                "a percentage of the store-all peak ('50%') or a fraction of it ('0.5')"
             )
-        number, unit = float(m.group(1)), m.group(2) or ""
+        number, unit = m.group(1), m.group(2)
+        if unit is None:  # a bare number: what Python would read
+            is_int = number.isdigit()
+            return parse_budget(int(number) if is_int else float(number), store_all_peak)
+        value = float(number)
         if unit == "%":
-            return parse_budget(number / 100, store_all_peak)
-        return parse_budget(int(number * _UNITS[unit]), store_all_peak)
+            return parse_budget(value / 100, store_all_peak)
+        return parse_budget(_whole(value * _UNITS[unit], budget), store_all_peak)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
         raise BudgetError(
             f"a budget is bytes (int), a fraction (float) or a string, not {budget!r}"
         )
     if isinstance(budget, float):
-        if math.isnan(budget) or budget <= 0:
-            raise BudgetError(f"the budget must be a positive fraction of the peak, not {budget}")
-        return int(budget * store_all_peak)
+        if not math.isfinite(budget) or budget <= 0:
+            raise BudgetError(
+                f"the budget must be a positive, finite fraction of the peak, not {budget}"
+            )
+        return parse_budget(_whole(budget * store_all_peak, budget), store_all_peak)
     if budget <= 0:
         raise BudgetError(f"the budget must be a positive number of bytes, not {budget}")
+    if budget > MAX_BUDGET:
+        raise BudgetError(f"the budget {budget} bytes is beyond any memory (max 2**62 bytes)")
     return budget
+
+
+def _whole(value: float, asked: object) -> int:
+    """Whole bytes from a finite product, or a BudgetError naming what was asked."""
+    if not math.isfinite(value) or value > MAX_BUDGET:
+        raise BudgetError(f"the budget {asked!r} is beyond any memory (max 2**62 bytes)")
+    return int(value)
 
 
 def solve(
