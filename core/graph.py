@@ -16,7 +16,7 @@ from functools import cached_property
 from core.errors import UnsupportedModel
 from core.trace import Trace
 
-PLACEHOLDER_KINDS = ("param", "state", "input", "tangent")
+PLACEHOLDER_KINDS = ("param", "state", "input", "tangent", "constant")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Value:
     index: int
     name: str
     nbytes: int
-    kind: str  # param | state | input | tangent | activation | temporary | gradient
+    kind: str  # param | state | input | tangent | constant | activation | temporary | gradient
     producer: int | None = None  # op that allocates it
     consumers: tuple[int, ...] = ()  # ops that read it
 

@@ -83,6 +83,7 @@ class _Program:
             split = len(compiled)
         # trace nodes the step's tensors bind to: parameters, state, then inputs
         self.placeholders = [n.index for n in nodes if n.role in ("param", "state", "input")]
+        self.constants = dict(graph.trace.constants)  # lifted constants: bound every step
         self.prologue = [compile_node(nodes[n]) for n in graph.prologue]
         self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
         self.forward = compiled[:split]
@@ -134,6 +135,7 @@ class _PlanFunction(torch.autograd.Function):
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
         for i, t in zip(program.placeholders, values, strict=True):
             env[i] = t
+        env.update(program.constants)
         _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
         program.run(program.forward, env, rng)

@@ -36,7 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from core.errors import UnsupportedModel
 
-ROLES = ("param", "state", "input", "tangent", "op")
+ROLES = ("param", "state", "input", "tangent", "constant", "op")
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,9 @@ class Trace:
     diff_outputs: list[int]  # positions in `outputs` that receive a tangent
     tangents: list[int]  # tangent placeholder for each of diff_outputs
     grads: list[int | None]  # gradient node per param, then per grad input (None: unused)
+    # tensors the model creates from Python data (`torch.tensor(0)`, a scalar written into a
+    # slice): make_fx lifts them into constants; node -> its value, on the traced device
+    constants: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
@@ -154,9 +157,10 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
 
     with _ModuleScope(model) as scope, fake_mode:
         gm = _guard(scope, lambda: make_fx(step)(*fparams, *fstate, *finputs, *ftangents))
+        _functionalize_late_writes(gm.graph)
 
     roles = ["param"] * n_p + ["state"] * n_s + ["input"] * n_i + ["tangent"] * len(diff)
-    nodes, storage_bytes, out_nodes, grad_nodes = _convert(gm.graph, roles)
+    nodes, storage_bytes, out_nodes, grad_nodes, constants = _convert(gm, roles)
     return Trace(
         nodes=nodes,
         storage_bytes=storage_bytes,
@@ -170,6 +174,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         diff_outputs=diff,
         tangents=[i for i, n in enumerate(nodes) if n.role == "tangent"],
         grads=grad_nodes,
+        constants=constants,
     )
 
 
@@ -324,9 +329,12 @@ def _guard(scope: _ModuleScope, fn):
 
 
 def _convert(
-    graph: torch.fx.Graph, roles: list[str]
-) -> tuple[list[AtenNode], dict[int, int], list[int], list[int | None]]:
-    """fx graph -> AtenNodes with storages numbered 0..S-1 and their sizes in bytes."""
+    gm: torch.fx.GraphModule, roles: list[str]
+) -> tuple[list[AtenNode], dict[int, int], list[int], list[int | None], dict[int, torch.Tensor]]:
+    """fx graph -> AtenNodes with storages numbered 0..S-1 and their sizes in bytes, and the
+    values of lifted constants (get_attr nodes)."""
+    graph = gm.graph
+    constants: dict[int, torch.Tensor] = {}
     index: dict[torch.fx.Node, int] = {}
     storage_id: dict[int, int] = {}
     storage_bytes: dict[int, int] = {}
@@ -368,6 +376,10 @@ def _convert(
         if fx_node.op == "placeholder":
             node.role = roles[placeholders]
             placeholders += 1
+        elif fx_node.op == "get_attr":
+            value = getattr(gm, fx_node.target)
+            node.role = "constant"
+            constants[i] = value.detach().to(tensors[0].device) if tensors else value.detach()
         elif fx_node.op == "call_function":
             node.target = fx_node.target
             node.args = torch.fx.node.map_arg(fx_node.args, lambda n: Ref(index[n]))
@@ -381,7 +393,89 @@ def _convert(
         else:
             raise UnsupportedModel(f"an fx node of kind {fx_node.op}", "", "")
         nodes.append(node)
-    return nodes, storage_bytes, out_nodes, grad_nodes
+    return nodes, storage_bytes, out_nodes, grad_nodes, constants
+
+
+def _storages_of(node: torch.fx.Node) -> set[int]:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return {t.untyped_storage()._cdata for t in vals if isinstance(t, torch.Tensor)}
+
+
+def _functionalize_late_writes(graph: torch.fx.Graph) -> None:
+    """An in-place op on a tensor another op already read (a router's `w /= w.sum()`, a mask
+    compared and then written) becomes its out-of-place form, and every later reader of the
+    tensor reads the new result. Values are eager's; the graph's ops then own their storages,
+    so each can run and be recomputed as a unit. Runs under the trace's fake mode."""
+    fixed = {s for n in graph.nodes if n.op in ("placeholder", "get_attr") for s in _storages_of(n)}
+    read: set[int] = set()  # storages an op read without aliasing or writing them
+    latest: dict[torch.fx.Node, torch.fx.Node] = {}  # written tensor -> its new version
+    retired: set[int] = set()  # storages replaced by a new version
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        for old in node.all_input_nodes:
+            if old in latest:
+                node.replace_input_with(old, latest[old])
+        stale = [a for a in node.all_input_nodes if _storages_of(a) & retired]
+        if stale:
+            raise UnsupportedModel(
+                f"a view of a tensor ({stale[0].name}) read after an in-place op changed it",
+                _module_path(node),
+                "use out-of-place ops (x = x / y instead of x /= y)",
+            )
+        if _storages_of(node) & retired:  # a view of the new version: its storage is the new one
+            args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+            node.meta["val"] = node.target(*args[0], **args[1])
+        writes = aliases_schema_write(node.target)
+        mine = _storages_of(node)
+        written = [node.args[p] for p, _ in writes if p < len(node.args)]
+        late = [
+            w for w in written if isinstance(w, torch.fx.Node) and (_storages_of(w) & read) - fixed
+        ]
+        for a in node.all_input_nodes:
+            if a not in written and not (_storages_of(a) & mine):
+                read.update(_storages_of(a))
+        if late:
+            new = _out_of_place(graph, node, late[0], len(written))
+            latest[late[0]] = latest[node] = new
+            retired.update(_storages_of(late[0]))
+
+
+def _out_of_place(
+    graph: torch.fx.Graph, node: torch.fx.Node, target: torch.fx.Node, n_written: int
+) -> torch.fx.Node:
+    schema = node.target._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1].rstrip("_"), None)
+    overload = getattr(packet, node.target._overloadname, None) if packet else None
+    before = target.meta.get("val")
+    if overload is None or n_written != 1:
+        raise UnsupportedModel(
+            f"the in-place op {node.name} ({schema.name}) on a tensor read before it",
+            _module_path(node),
+            "use the out-of-place form (x = x / y instead of x /= y)",
+        )
+    fake = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    after = overload(*fake[0], **fake[1])
+    if not isinstance(after, torch.Tensor) or (after.shape, after.dtype) != (
+        before.shape,
+        before.dtype,
+    ):
+        raise UnsupportedModel(
+            f"the in-place op {node.name} ({schema.name}) on a tensor read before it",
+            _module_path(node),
+            "use the out-of-place form (x = x / y instead of x /= y)",
+        )
+    with graph.inserting_after(node):
+        new = graph.call_function(overload, node.args, node.kwargs)
+    new.meta = {**node.meta, "val": after}
+    node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+    graph.erase_node(node)
+    return new
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    return (node.meta.get("custom") or {}).get("module") or ""
 
 
 # Ops whose schema does not declare the running statistics they update in training mode.
