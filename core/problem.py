@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from core.blocks import Block, find_blocks
+from core.blocks import Block, constant_ops, find_blocks
 from core.graph import Graph, build_graph
 from core.trace import capture
 
@@ -34,6 +34,11 @@ class Problem:
     name: str = "model"
     cache: dict = field(default_factory=dict, repr=False)  # solver tables, keyed by solver
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
+
+    @cached_property
+    def constant_ops(self) -> tuple[int, ...]:
+        """Step constants (masks, position ids, rotary tables): in no block, run first."""
+        return constant_ops(self.graph)
 
     @cached_property
     def graph_meta(self) -> dict:

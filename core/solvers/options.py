@@ -84,6 +84,7 @@ class Layout:
     permanent: list[int]
     outputs: list[int]
     final_forward: int  # bytes of model outputs (live from the forward to the end)
+    constants: int  # bytes of step constants (counted for the whole step: safe)
 
 
 def layout(problem: Problem) -> Layout:
@@ -106,8 +107,9 @@ def layout(problem: Problem) -> Layout:
     arriving: list[set[int]] = [set() for _ in range(n + 1)]
     leaving: list[set[int]] = [set() for _ in range(n)]
     final_forward = 0
+    constants = set(problem.constant_ops)
     for v in values:
-        if v.producer is None or not v.nbytes:
+        if v.producer is None or not v.nbytes or v.producer in constants:
             continue
         s = home[v.producer]
         readers = {home[c] for c in v.consumers} - {s}
@@ -116,8 +118,8 @@ def layout(problem: Problem) -> Layout:
                 final_forward += v.nbytes
             out_of = blocks[s].output_value
             bad = readers - ({s + 1} if v.index == out_of else set())
-            if bad:
-                raise ValueError(f"forward value {v.name} of block {s} is read by blocks {bad}")
+            if bad:  # find_blocks merges such blocks: this is a bug
+                raise AssertionError(f"forward value {v.name} of block {s} read by blocks {bad}")
             continue
         if v.index in graph.final_values or readers - {s - 1}:
             permanent[s] += v.nbytes
@@ -141,7 +143,8 @@ def layout(problem: Problem) -> Layout:
             Dag(dag_ops, sizes, frozenset(arriving[j]), frozenset(final), frozenset(held), order)
         )
     outputs = [values[b.output_value].nbytes if b.output_value is not None else 0 for b in blocks]
-    result = Layout(stage, dags, grads, permanent, outputs, final_forward)
+    constant_bytes = sum(values[v].nbytes for o in constants for v in ops[o].outputs)
+    result = Layout(stage, dags, grads, permanent, outputs, final_forward, constant_bytes)
     problem.cache["layout"] = result
     return result
 
