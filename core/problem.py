@@ -7,12 +7,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from core.blocks import Block, constant_ops, find_blocks
+from core.errors import UnsupportedModel
 from core.graph import Graph, build_graph
 from core.trace import capture
 
@@ -34,6 +35,7 @@ class Problem:
     name: str = "model"
     cache: dict = field(default_factory=dict, repr=False)  # solver tables, keyed by solver
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
+    loss_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
 
     @cached_property
     def constant_ops(self) -> tuple[int, ...]:
@@ -94,7 +96,11 @@ class Problem:
 
 def analyze(
     model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+    *,
     costs: str = "estimated",
     device: str = "cpu",
     name: str = "model",
@@ -102,6 +108,11 @@ def analyze(
 ) -> Problem:
     """Trace one training step of `model`, time its ops and find its chain of blocks.
 
+    The step is `output = model(*args, **kwargs)`, then `loss = loss_fn(output, *targets)`
+    when `loss_fn` is given (a scalar; the planned module then returns it, see apply_plan),
+    so the budget covers the loss too. Without `loss_fn`, every differentiable output gets
+    a gradient (the model computes its own loss, e.g. Hugging Face models given `labels=`).
+    Non-tensor arguments (flags, None) are bound as given.
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors here, 1 thread, median).
     """
@@ -109,7 +120,14 @@ def analyze(
 
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
-    trace = capture(model, example_inputs)
+    if loss_fn is not None and kwargs and "targets" in kwargs:
+        raise UnsupportedModel(
+            "a keyword input named 'targets' with a loss_fn",
+            "",
+            "the planned module takes loss_fn's targets as `targets=`: rename the model's "
+            "argument, or compute the loss inside the model",
+        )
+    trace = capture(model, args, kwargs, loss_fn, targets)
     graph = build_graph(trace)
     report("costs", 0.3)
     if costs == "measured":
@@ -127,6 +145,7 @@ def analyze(
     report("done", 1.0)
     problem = Problem(graph, blocks, block_of_op, cost_name, fingerprint(trace), name)
     problem.model_ref = weakref.ref(model)
+    problem.loss_fn = loss_fn
     return problem
 
 
@@ -140,6 +159,7 @@ def graph_meta(trace) -> dict:
             for i, s in enumerate(trace.input_specs)
         ],
         "n_nodes": len(trace.nodes),
+        "call": trace.call.to_data(),
     }
 
 

@@ -14,7 +14,7 @@ Exactness rules kept here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from core.errors import PlanMismatch
 from core.graph import Graph, build_graph
 from core.interpret import Call, binding, compile_node
 from core.schedule import FREE, Plan
-from core.trace import TensorSpec, capture, unflatten_output
+from core.trace import CallSpec, TensorSpec, capture, join_call, split_call, unflatten_output
 
 # how a node runs: normally, replaying its random state, on copies of the state it writes, or not
 _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
@@ -179,9 +179,12 @@ class _PlanFunction(torch.autograd.Function):
 class PlannedModule(nn.Module):
     """A drop-in for `model` that trains under a plan; eval mode and no_grad run the model."""
 
-    def __init__(self, model: nn.Module, graph: Graph, plan: Plan) -> None:
+    def __init__(
+        self, model: nn.Module, graph: Graph, plan: Plan, loss_fn: Callable | None = None
+    ) -> None:
         super().__init__()
         self.model = model
+        self.loss_fn = loss_fn
         self.plan = plan
         self._graph = graph
         self._program = _Program(graph, plan)
@@ -192,17 +195,43 @@ class PlannedModule(nn.Module):
         self._params = [params[n] for n in trace.param_names]
         self._input_specs = trace.input_specs
         self._grad_inputs = set(trace.grad_inputs)
+        self._call = trace.call
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Buffers and frozen parameters, looked up each step (they may be reassigned)."""
         return [getattr(mod, attr) for mod, attr in self._state_slots]
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output, as `model(*args, **kwargs)` gives it; with a plan made with a
+        loss_fn, the loss `loss_fn(output, *targets)`, targets given as `targets=` (a tensor
+        or a tuple of them)."""
+        targets: tuple = ()
+        if self._call.loss:
+            given = kwargs.pop("targets", ())
+            targets = (given,) if isinstance(given, torch.Tensor) else tuple(given)
         if not (torch.is_grad_enabled() and self.model.training):
-            return self.model(*inputs)
-        self._check_inputs(inputs)
+            out = self.model(*args, **kwargs)
+            return self.loss_fn(out, *targets) if self._call.loss else out
+        inputs = self._check_call(args, kwargs, targets)
         outputs = _PlanFunction.apply(self, len(self._params), *self._params, *inputs)
         return unflatten_output(list(outputs), self._graph.trace.output_spec)
+
+    def _check_call(self, args: tuple, kwargs: dict, targets: tuple) -> list[Any]:
+        """The call's tensors, checked against the plan's call: structure, bound values."""
+        inputs, call = split_call(args, kwargs, targets, self._call.loss)
+        mine = self._call
+        if call.tree != mine.tree or call.n_targets != mine.n_targets:
+            raise PlanMismatch(
+                f"the plan was made for a call {mine.describe()}, got {call.describe()}"
+            )
+        for (i, want), (_, got) in zip(mine.constants, call.constants, strict=True):
+            if type(want) is not type(got) or want != got:
+                raise PlanMismatch(
+                    f"argument {mine.leaf_name(i)} is {got!r}, the plan was made with "
+                    f"{want!r}: make a plan for this call"
+                )
+        self._check_inputs(inputs)
+        return inputs
 
     def _check_inputs(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != len(self._input_specs):
@@ -228,19 +257,41 @@ def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return model.get_submodule(module), attr
 
 
-def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
+def apply_plan(
+    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> PlannedModule:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
-    made for (same parameters, same code); inputs must have the plan's shapes and dtypes."""
+    made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
+    be passed the same way (positions, keywords). A plan made with a loss_fn needs it again
+    here when loaded from a file (the same function: its ops are checked); the module then
+    returns the loss: `loss = planned(*args, **kwargs, targets=y)`."""
     problem = plan.problem
     if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
-        return PlannedModule(model, problem.graph, plan)
+        return PlannedModule(model, problem.graph, plan, loss_fn or problem.loss_fn)
     _check_params(model, plan)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     example = [
         torch.zeros(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(requires_grad)
         for shape, dtype, requires_grad in plan.graph_meta["inputs"]
     ]
-    graph = build_graph(capture(model, example))
+    meta = plan.graph_meta.get("call")
+    if meta is None:  # plans from before keyword inputs: positional tensors
+        args, kwargs, targets = tuple(example), {}, ()
+    elif meta["tree"] is None:
+        raise PlanMismatch(
+            "this plan's call holds arguments a plan file cannot carry (custom containers or "
+            "objects): apply the plan in the process that made it (core.apply_plan(model, plan))"
+        )
+    else:
+        args, kwargs, targets = join_call(example, CallSpec.from_data(meta))
+        if meta["loss"] and loss_fn is None:
+            raise PlanMismatch(
+                "this plan was made with a loss_fn: pass the same one, "
+                "core.apply_plan(model, plan, loss_fn=...)"
+            )
+    graph = build_graph(
+        capture(model, args, kwargs, loss_fn if meta and meta["loss"] else None, targets)
+    )
     from core.problem import fingerprint
 
     if fingerprint(graph.trace) != plan.fingerprint:
@@ -248,7 +299,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
             "the model's traced operations differ from the plan's (same parameter shapes, "
             "different code or dtype): make a new plan for this model"
         )
-    return PlannedModule(model, graph, plan)
+    return PlannedModule(model, graph, plan, loss_fn)
 
 
 def _check_params(model: nn.Module, plan: Plan) -> None:

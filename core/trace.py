@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,21 +106,88 @@ class Trace:
     diff_outputs: list[int]  # positions in `outputs` that receive a tangent
     tangents: list[int]  # tangent placeholder for each of diff_outputs
     grads: list[int | None]  # gradient node per param, then per grad input (None: unused)
+    call: CallSpec  # how the model is called: what the planned module checks
     # tensors the model creates from Python data (`torch.tensor(0)`, a scalar written into a
     # slice): make_fx lifts them into constants; node -> its value, on the traced device
     constants: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
-    """Trace one forward+backward of `model` on inputs shaped like `example_inputs`."""
-    inputs = list(example_inputs)
-    for i, x in enumerate(inputs):
+@dataclass(frozen=True)
+class CallSpec:
+    """How a step calls the model: the structure of (args, kwargs), the non-tensor values in
+    it (bound when traced, checked on every call), how many targets follow for `loss_fn`."""
+
+    tree: Any  # pytree spec of (args, kwargs)
+    constants: tuple[tuple[int, Any], ...]  # (leaf position, value) of non-tensor leaves
+    n_targets: int = 0
+    loss: bool = False  # a loss_fn(output, *targets) follows the model
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for a plan file; `tree` is None when the call holds values a plan file
+        cannot carry (custom containers, non-plain constants)."""
+        try:
+            tree = pytree.treespec_dumps(self.tree)
+        except Exception:  # noqa: BLE001 - a custom container pytree cannot serialise
+            tree = None
+        if not all(isinstance(v, (type(None), bool, int, float, str)) for _, v in self.constants):
+            tree = None
+        constants = [[i, v] for i, v in self.constants] if tree is not None else []
+        return {"tree": tree, "constants": constants, "targets": self.n_targets, "loss": self.loss}
+
+    def describe(self) -> str:
+        """'with 1 positional arguments and keywords ['attention_mask']': for error messages."""
+        args, kwargs = pytree.tree_unflatten([None] * self.tree.num_leaves, self.tree)
+        out = f"with {len(args)} positional arguments and keywords {sorted(kwargs)}"
+        return out + (f" and {self.n_targets} targets" if self.loss else "")
+
+    def leaf_name(self, leaf: int) -> str:
+        """The argument a leaf is: 'use_cache', '#2' (position), or 'leaf 5' (nested)."""
+        args, kwargs = pytree.tree_unflatten(list(range(self.tree.num_leaves)), self.tree)
+        names = {v: repr(k) for k, v in kwargs.items() if isinstance(v, int)}
+        names |= {v: f"#{p}" for p, v in enumerate(args) if isinstance(v, int)}
+        return names.get(leaf, f"leaf {leaf}")
+
+    @staticmethod
+    def from_data(data: dict[str, Any]) -> CallSpec:
+        tree = pytree.treespec_loads(data["tree"])
+        constants = tuple((int(i), v) for i, v in data["constants"])
+        return CallSpec(tree, constants, int(data["targets"]), bool(data["loss"]))
+
+
+def split_call(
+    args: Sequence[Any], kwargs: dict[str, Any] | None, targets: Sequence[Any] = (), loss=False
+) -> tuple[list[Any], CallSpec]:
+    """The tensors of a call, in order (targets last), and what rebuilds the call from them."""
+    leaves, tree = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    constants = tuple((i, x) for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
+    return tensors + list(targets), CallSpec(tree, constants, len(targets), loss)
+
+
+def join_call(tensors: Sequence[Any], call: CallSpec) -> tuple[tuple, dict, tuple]:
+    """(args, kwargs, targets) from the tensors `split_call` gave."""
+    n = len(tensors) - call.n_targets
+    fixed = dict(call.constants)
+    it = iter(tensors[:n])
+    leaves = [fixed[i] if i in fixed else next(it) for i in range(call.tree.num_leaves)]
+    args, kwargs = pytree.tree_unflatten(leaves, call.tree)
+    return args, kwargs, tuple(tensors[n:])
+
+
+def capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+) -> Trace:
+    """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
+    *targets)` when given) on inputs shaped like these. Non-tensor arguments are bound as
+    they are."""
+    inputs, call = split_call(args, kwargs, targets, loss_fn is not None)
+    for i, x in enumerate(inputs[len(inputs) - call.n_targets :]):
         if not isinstance(x, torch.Tensor):
-            raise UnsupportedModel(
-                f"input {i} of type {type(x).__name__}",
-                "",
-                "pass tensors only; bind other arguments with functools.partial or a wrapper module",
-            )
+            raise UnsupportedModel(f"target {i} of type {type(x).__name__}", "", "pass tensors")
     named = list(model.named_parameters())
     params = [(n, p) for n, p in named if p.requires_grad]
     state = [(n, p) for n, p in named if not p.requires_grad] + list(model.named_buffers())
@@ -135,7 +202,9 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     def forward(ps, ss, xs):
         names = [n for n, _ in params] + [n for n, _ in state]
         tensors = dict(zip(names, [*ps, *ss], strict=True))
-        return functional_call(model, tensors, tuple(xs))
+        args, kwargs, targets = join_call(xs, call)
+        out = functional_call(model, tensors, args, kwargs)
+        return out if loss_fn is None else _loss(loss_fn, out, targets)
 
     with _ModuleScope(model) as scope, fake_mode:
         out = _guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -175,7 +244,20 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         tangents=[i for i, n in enumerate(nodes) if n.role == "tangent"],
         grads=grad_nodes,
         constants=constants,
+        call=call,
     )
+
+
+def _loss(loss_fn: Callable[..., Any], out: Any, targets: tuple) -> torch.Tensor:
+    loss = loss_fn(out, *targets)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise UnsupportedModel(
+            f"a loss_fn returning {type(loss).__name__}"
+            + (f" of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else ""),
+            "",
+            "loss_fn(output, *targets) must return a scalar tensor (reduce it with .mean())",
+        )
+    return loss
 
 
 def unflatten_output(leaves: list[Any], spec: Any) -> Any:

@@ -65,9 +65,11 @@ def test_every_op_belongs_to_a_block_and_backward_follows_forward():
     assert all(0 <= b < len(problem.blocks) for b in problem.block_of_op)
     for block in problem.blocks:
         assert block.forward_ops, "a block always has forward ops"
-    # blocks partition the ops, and a backward op reads no activation of a later block
+    # blocks and the step constants (the position ids here) partition the ops, and a
+    # backward op reads no activation of a later block
     listed = sorted(o for b in problem.blocks for o in b.forward_ops + b.backward_ops)
-    assert listed == list(range(len(graph.ops)))
+    assert problem.constant_ops and not set(listed) & set(problem.constant_ops)
+    assert sorted(listed + list(problem.constant_ops)) == list(range(len(graph.ops)))
     for o in graph.backward_ops:
         for v in graph.ops[o].inputs:
             producer = graph.values[v].producer

@@ -1,0 +1,78 @@
+"""Models nobody here wrote (tests/zoo.py), called as users call them: keyword inputs, the loss
+computed outside the model. Plans must be exact: gradients, loss and random stream equal
+eager's bit for bit, measured peak = predicted + 4 bytes (the scalar seed of backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import ZOO, ZooCase
+
+import core
+from core.errors import PlanMismatch
+from core.memory import StorageTracker, step_tensors
+
+
+def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, dict]:
+    """One training step from zero grads under a storage tracker: peak, loss, grads."""
+    model = case.model
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    given = [*case.args, *case.kwargs.values(), *case.targets]
+    with StorageTracker(step_tensors(model, given)) as tracker:
+        if run is None:
+            loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
+        else:
+            loss = run(*case.args, **case.kwargs, targets=case.targets)
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return tracker.peak, loss.detach(), grads
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(name):
+    case = ZOO[name]()
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    start = {k: v.clone() for k, v in case.model.state_dict().items()}
+    _, eager_loss, eager_grads = _step(case)
+    eager_state = {k: v.clone() for k, v in case.model.state_dict().items()}
+    eager_rng = torch.get_rng_state()
+    assert eager_grads, "the model has trainable parameters that get gradients"
+    # one block per repeated layer at least, the layers grouped into shared kinds
+    assert len(problem.blocks) >= case.layers
+    assert len({b.kind for b in problem.blocks}) < len(problem.blocks)
+    plans = [core.solve(problem, 1.0, method="checkpoint_blocks")]
+    plans.append(core.solve(problem, 0.5 * problem.store_all_peak + 0.5 * plans[0].predicted_peak))
+    assert plans[0].recomputed_ops > 0
+    for plan in plans:
+        case.model.load_state_dict(start)
+        peak, loss, grads = _step(case, core.apply_plan(case.model, plan))
+        assert torch.equal(loss, eager_loss), plan.method
+        assert grads.keys() == eager_grads.keys()
+        for key, want in eager_grads.items():  # bit-identical: the same ops in the same order
+            assert torch.equal(grads[key], want), (plan.method, key)
+        for key, value in case.model.state_dict().items():
+            assert torch.equal(value, eager_state[key]), key
+        assert torch.equal(torch.get_rng_state(), eager_rng)
+        assert peak == plan.predicted_peak + 4, plan.method
+
+
+def test_zoo_model_in_eval_mode_and_a_wrong_call():
+    """Outside training the planned module runs the model (and the loss); a call that differs
+    from the plan's (a keyword missing, another bound value) is a PlanMismatch saying so."""
+    case = ZOO["hf-gpt2"]()
+    case.kwargs["use_cache"] = False
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    planned = core.apply_plan(case.model, core.solve(problem, 1.0, method="checkpoint_blocks"))
+    with torch.no_grad():
+        loss = planned(*case.args, **case.kwargs, targets=case.targets)
+    assert loss.dim() == 0
+    with pytest.raises(PlanMismatch, match="keywords \\['attention_mask', 'use_cache'\\]"):
+        planned(*case.args, targets=case.targets)
+    with pytest.raises(PlanMismatch, match="'use_cache' is True"):
+        planned(
+            *case.args,
+            attention_mask=case.kwargs["attention_mask"],
+            use_cache=True,
+            targets=case.targets,
+        )
