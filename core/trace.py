@@ -193,7 +193,7 @@ def capture(
     state = [(n, p) for n, p in named if not p.requires_grad] + list(model.named_buffers())
     grad_inputs = [i for i, x in enumerate(inputs) if x.requires_grad]
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,22 @@ from core.solvers.checkmate import (
     simulated,
     solve_ilp,
 )
-from core.solvers.keep_sets import keep_set_options
+from core.solvers.keep_sets import MAX_STATES, KeepSetSearch
 
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
-ILP_SECONDS = 1.0
-_VERSION = 6
-_MEMORY: dict[str, list[BlockOption]] = {}
+ILP_SECONDS = 1.0  # HiGHS's limit for one budget of the grid
+ILP_BLOCK_SECONDS = 1.0  # for the whole grid of one block: budgets left are skipped
+_VERSION = 7
+_MEMORY: dict[str, _Found] = {}
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A block's options as run lists (what the caches hold), and why the search stopped
+    early when it did (None: the whole grid and keep-set search ran)."""
+
+    runs: list[tuple[int, ...]]
+    note: str | None
 
 
 @dataclass(frozen=True)
@@ -220,18 +231,30 @@ def block_options(problem: Problem, dag: Dag) -> list[Simulated]:
                 _MEMORY[key] = _compute_options(dag)
                 _save(key, _MEMORY[key])
         mem[key] = _MEMORY[key]
-    return [simulated(dag, list(runs)) for runs in mem[key]]
+    return [simulated(dag, list(runs)) for runs in mem[key].runs]
 
 
-def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
+def option_notes(problem: Problem) -> list[str]:
+    """Why some blocks' option searches stopped early (for the plan's notes)."""
+    return sorted({f.note for f in problem.cache.get("options", {}).values() if f.note})
+
+
+def _compute_options(dag: Dag) -> _Found:
     full = simulated(dag, _store_all(dag))
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
-    found = [full, *keep_set_options(dag, full)]
+    search = KeepSetSearch(dag)
+    found = [full, *search.options(full)]
+    notes = [f"keep-set search stopped at {search.max_states} states"] if search.bounded else []
     if any(op.backward for op in dag.ops):
+        deadline = time.perf_counter() + ILP_BLOCK_SECONDS
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
+            left = deadline - time.perf_counter()
+            if left < 0.1:
+                notes.append(f"block ILPs stopped at {ILP_BLOCK_SECONDS:.0f} s, from {frac:.0%}")
+                break
             result = solve_ilp(
-                dag, top - int((1 - frac) * activations), DEFAULT_SOLVER, ILP_SECONDS
+                dag, top - int((1 - frac) * activations), DEFAULT_SOLVER, min(ILP_SECONDS, left)
             )
             if result is None:
                 break
@@ -239,7 +262,8 @@ def _compute_options(dag: Dag) -> list[tuple[int, ...]]:
                 found.append(simulated(dag, result.runs))
             except ValueError:
                 continue
-    return [o.runs for o in _pareto(dag, found)]
+    note = f"a block of {len(dag.ops)} ops: " + "; ".join(notes) if notes else None
+    return _Found([o.runs for o in _pareto(dag, found)], note)
 
 
 def _pareto(dag: Dag, options: list[Simulated]) -> list[Simulated]:
@@ -266,7 +290,7 @@ def _dag_key(dag: Dag) -> str:
             return ("x", local.setdefault(v, len(local)))  # external: parameters, inputs
         return ("v", local.setdefault(v, len(local)), dag.sizes[v])
 
-    parts = [(_VERSION, GRID, ILP_SECONDS, DEFAULT_SOLVER)]
+    parts = [(_VERSION, GRID, ILP_SECONDS, ILP_BLOCK_SECONDS, MAX_STATES, DEFAULT_SOLVER)]
     for op in dag.ops:
         parts.append((op.backward, f"{op.time:.6e}", [name(v) for v in op.inputs]))
         parts.append([name(v) for v in op.outputs])
@@ -281,7 +305,7 @@ def _cache_dir() -> Path | None:
     return None if where in ("", "off") else Path(where)
 
 
-def _load(key: str) -> list[tuple[int, ...]] | None:
+def _load(key: str) -> _Found | None:
     folder = _cache_dir()
     path = folder / f"options-{key}.json" if folder else None
     if path is None or not path.exists():
@@ -290,20 +314,23 @@ def _load(key: str) -> list[tuple[int, ...]] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, list) and all(
-        isinstance(r, list) and all(isinstance(i, int) for i in r) for r in data
+    runs = data.get("runs") if isinstance(data, dict) else None
+    note = data.get("note") if isinstance(data, dict) else None
+    ok = isinstance(runs, list) and all(
+        isinstance(r, list) and all(isinstance(i, int) for i in r) for r in runs
     )
-    return [tuple(r) for r in data] if ok else None
+    ok = ok and (note is None or isinstance(note, str))
+    return _Found([tuple(r) for r in runs], note) if ok else None
 
 
-def _save(key: str, runs: list[tuple[int, ...]]) -> None:
+def _save(key: str, found: _Found) -> None:
     folder = _cache_dir()
     if folder is None:
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"options-{key}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps([list(r) for r in runs]))
+        tmp.write_text(json.dumps({"runs": [list(r) for r in found.runs], "note": found.note}))
         tmp.replace(folder / f"options-{key}.json")
     except OSError:
         pass
