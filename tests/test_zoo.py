@@ -13,6 +13,17 @@ from core.errors import PlanMismatch
 from core.memory import StorageTracker, step_tensors
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Bit-identical gradients are held on 1 thread. On 2, Mixtral's expert weights came out
+    4.7e-10 off eager's in one store_all run (a kernel's work split across threads), while
+    eager repeated on 2 threads was stable: not yet explained, left for a GPU/threads check."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, dict]:
     """One training step from zero grads under a storage tracker: peak, loss, grads."""
     model = case.model

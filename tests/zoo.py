@@ -175,7 +175,7 @@ def resnet(layers: int = 2) -> ZooCase:
     cfg = ResNetConfig(
         embedding_size=8,
         hidden_sizes=[8, 16],
-        depths=[1, 1],
+        depths=[2, 1],
         layer_type="basic",
         num_labels=10,
     )
@@ -183,7 +183,7 @@ def resnet(layers: int = 2) -> ZooCase:
     x = torch.randn(BATCH, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
     model = ResNetForImageClassification(cfg).train()
-    return ZooCase(model, (x,), {}, class_loss, (y,), layers)
+    return ZooCase(model, (x,), {}, class_loss, (y,), 3)
 
 
 ZOO: dict[str, Callable[..., ZooCase]] = {
