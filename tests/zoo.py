@@ -195,3 +195,58 @@ ZOO: dict[str, Callable[..., ZooCase]] = {
     "hf-mixtral": mixtral,
     "hf-resnet": resnet,
 }
+
+
+def report(names: list[str]) -> None:
+    """Per zoo model: blocks, cold Rockmate solve (to its minimum), Rockmate at 50% and at its minimum
+    (predicted peak over eager's measured peak, predicted overhead), measured - predicted.
+    `REMAT_CACHE=off python tests/zoo.py [names]`, 1 thread."""
+    import time
+
+    import core
+    from core.memory import StorageTracker, step_tensors
+    from core.solvers.rotor import minimum_budget
+
+    torch.set_num_threads(1)
+
+    def peak_of(case: ZooCase, run: Callable | None) -> int:
+        given = [*case.args, *case.kwargs.values(), *case.targets]
+        case.model.zero_grad(set_to_none=True)
+        with StorageTracker(step_tensors(case.model, given)) as tracker:
+            if run is None:
+                loss = case.loss_fn(case.model(*case.args, **case.kwargs), *case.targets)
+            else:
+                loss = run(*case.args, **case.kwargs, targets=case.targets)
+            loss.backward()
+        return tracker.peak
+
+    print(
+        "| model | blocks (kinds) | analyze s | cold solve s | 50%: peak/eager, overhead "
+        "| min: peak/eager, overhead | measured - predicted |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        case = ZOO[name]()
+        start = time.perf_counter()
+        problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+        analysed = time.perf_counter()
+        lowest = core.solve(problem, minimum_budget(problem, "rockmate"), method="rockmate")
+        solved = time.perf_counter()
+        plans = [lowest]
+        if lowest.predicted_peak <= 0.5 * problem.store_all_peak:
+            plans.insert(0, core.solve(problem, 0.5, method="rockmate"))
+        eager = peak_of(case, None)
+        diffs = {peak_of(case, core.apply_plan(case.model, p)) - p.predicted_peak for p in plans}
+        cells = [f"{p.predicted_peak / eager:.2f}, {p.overhead:.3f}" for p in plans]
+        cells = ["below its minimum"] * (2 - len(cells)) + cells
+        kinds = len({b.kind for b in problem.blocks})
+        print(
+            f"| {name} | {len(problem.blocks)} ({kinds}) | {analysed - start:.1f} | "
+            f"{solved - analysed:.1f} | {cells[0]} | {cells[1]} | {sorted(diffs)} B |"
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    report(sys.argv[1:] or list(ZOO))
