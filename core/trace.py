@@ -13,6 +13,7 @@ internals). A torch upgrade should touch this file alone.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -372,7 +373,11 @@ class _ModuleScope:
 
 
 def _guard(scope: _ModuleScope, fn):
-    """Run `fn`, turning tracing failures into UnsupportedModel naming op and module."""
+    """Run `fn`, turning tracing failures into UnsupportedModel naming op and module (fake
+    tensors' own log of a failing shape function is silenced: the error says it)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         return fn()
     except UnsupportedModel:
@@ -406,8 +411,13 @@ def _guard(scope: _ModuleScope, fn):
         raise UnsupportedModel(
             f"the forward pass ({type(e).__name__}: {text[:300]})",
             scope.where,
-            "check that the example inputs match what the model expects",
+            "check that the example inputs match what the model expects; if they do, an op "
+            "there may lack a shape (meta) implementation for them in this torch: use another "
+            "implementation of that module (e.g. transformers' experts_implementation="
+            "'batched_mm' instead of grouped_mm on CPU)",
         ) from None
+    finally:
+        log.setLevel(level)
 
 
 def _convert(
