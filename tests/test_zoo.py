@@ -29,7 +29,7 @@ def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, di
     model = case.model
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    given = [*case.args, *case.kwargs.values(), *case.targets]
+    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
     with StorageTracker(step_tensors(model, given)) as tracker:
         if run is None:
             loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
@@ -88,3 +88,23 @@ def test_zoo_model_in_eval_mode_and_a_wrong_call():
             use_cache=True,
             targets=case.targets,
         )
+
+
+def test_zoo_plan_file_round_trip_with_keywords_and_loss_fn(tmp_path):
+    """A saved plan carries the call (keywords, bound values, targets): loaded and applied
+    with the same loss_fn it runs exactly as in the process that made it; without the
+    loss_fn it is a PlanMismatch saying to pass it."""
+    case = ZOO["hf-llama"]()
+    case.kwargs["use_cache"] = False
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    plan = core.solve(problem, 1.0, method="checkpoint_blocks")
+    plan.save(tmp_path / "plan.pkl")
+    loaded = core.load_plan(tmp_path / "plan.pkl")
+    start = {k: v.clone() for k, v in case.model.state_dict().items()}
+    _, eager_loss, eager_grads = _step(case)
+    case.model.load_state_dict(start)
+    peak, loss, grads = _step(case, core.apply_plan(case.model, loaded, loss_fn=case.loss_fn))
+    assert torch.equal(loss, eager_loss) and peak == plan.predicted_peak + 4
+    assert all(torch.equal(grads[k], v) for k, v in eager_grads.items())
+    with pytest.raises(PlanMismatch, match="loss_fn"):
+        core.apply_plan(case.model, loaded)
