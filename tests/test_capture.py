@@ -176,3 +176,34 @@ class _StaleView(nn.Module):
 def test_view_read_after_an_in_place_op_names_the_module():
     with pytest.raises(UnsupportedModel, match="in module '0'.*out-of-place"):
         core.analyze(nn.Sequential(_StaleView()), (torch.randn(4, 8),))
+
+
+def test_blocks_merge_where_a_forward_value_would_be_read_across_blocks(monkeypatch):
+    """find_blocks' safety net: where a block's forward value would be read by another block
+    (other than a separator by the block it feeds), the cut between them goes. Forced here
+    by moving a backward op of block 1 into the last block each time blocks are assigned:
+    only blocks 0 and 1 can stay apart, and the plan still runs exactly."""
+    import core.blocks as blocks
+
+    model, inputs = fresh("gpt-tiny")
+    real = blocks._assign_backward
+
+    def misplace(graph, block_of_op, separators, n_blocks):
+        real(graph, block_of_op, separators, n_blocks)
+        for o in graph.backward_ops:
+            reads = [graph.values[v].producer for v in graph.ops[o].inputs]
+            if block_of_op[o] == 1 and any(
+                p is not None and graph.ops[p].phase == "forward" and block_of_op[p] == 1
+                for p in reads
+            ):
+                block_of_op[o] = n_blocks - 1
+                return
+
+    monkeypatch.setattr(blocks, "_assign_backward", misplace)
+    problem = core.analyze(model, inputs)
+    assert len(problem.blocks) == 2
+    _, eager_loss, eager_grads = measured_step(model, inputs)
+    plan = core.solve(problem, 1.0, method="checkpoint_blocks")
+    peak, loss, grads = measured_step(model, inputs, run=core.apply_plan(model, plan))
+    assert loss == eager_loss and peak == plan.predicted_peak + 4
+    assert all(torch.equal(grads[k], v) for k, v in eager_grads.items())
