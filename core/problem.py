@@ -164,9 +164,11 @@ def graph_meta(trace) -> dict:
 
 
 def fingerprint(trace) -> str:
-    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step."""
+    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step. How the
+    inputs are passed (the "call") is left out: the planned module checks it on every call,
+    and plans made before keyword inputs keep their fingerprint."""
     h = hashlib.sha256()
-    h.update(repr(graph_meta(trace)).encode())
+    h.update(repr({k: v for k, v in graph_meta(trace).items() if k != "call"}).encode())
     for n in trace.nodes:
         h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
     return h.hexdigest()[:32]
