@@ -110,8 +110,10 @@ def analyze(
 
     The step is `output = model(*args, **kwargs)`, then `loss = loss_fn(output, *targets)`
     when `loss_fn` is given (a scalar; the planned module then returns it, see apply_plan),
-    so the budget covers the loss too. Without `loss_fn`, every differentiable output gets
-    a gradient (the model computes its own loss, e.g. Hugging Face models given `labels=`).
+    so the budget covers the loss too (a model computing its own loss, such as Hugging Face's
+    given `labels=`: `loss_fn=lambda out: out.loss`). Without `loss_fn`, every differentiable
+    output gets a gradient: backpropagating only some makes autograd pass zeros for the
+    others, memory the plan does not count.
     Non-tensor arguments (flags, None) are bound as given.
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors here, 1 thread, median).

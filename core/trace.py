@@ -301,7 +301,9 @@ def _flatten_output(out: Any, scope: _ModuleScope) -> tuple[list[torch.Tensor], 
             raise UnsupportedModel(
                 f"an output of type {type(leaf).__name__}",
                 "",
-                "the model must return tensors (alone, or in a tuple, list, dict or dataclass)",
+                "the model must return tensors (alone, or in a tuple, list, dict or dataclass): "
+                "turn that output off (Hugging Face: use_cache=False) or give analyze a "
+                "loss_fn, whose scalar is then the step's only output",
             )
     if not leaves:
         raise UnsupportedModel("a model with no tensor output", "", "return the loss or logits")
