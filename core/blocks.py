@@ -7,6 +7,12 @@ the gradients its successor produced. Cuts that fall inside one module (the two 
 adds of one transformer layer) are dropped, so a GPT yields a block per layer and a ResNet a
 block per residual block. Blocks identical up to renaming share a `kind`, so each kind is
 timed and solved once.
+
+Step constants are forward values that need no gradient and come only from inputs, buffers
+and constants (causal masks, position ids, rotary tables, attention biases): real models
+compute them once and hand them to every layer, so no cut would have a single crossing value.
+They belong to no block: they run first, any block may read them, and they live for the step
+(until their last read). Cuts are found on the other values, the ones gradients flow through.
 """
 
 from __future__ import annotations
@@ -31,20 +37,45 @@ class Block:
     backward_time: float
 
 
+def constant_ops(graph: Graph) -> tuple[int, ...]:
+    """Forward ops computed from inputs that need no gradient, buffers and constants only
+    (never random, never updating state): the step constants, in forward order."""
+    const_kinds = {"state", "constant"}
+    grad_inputs = {graph.trace.nodes[n].storages[0] for n in _grad_input_nodes(graph)}
+    constant_values = {
+        v.index
+        for v in graph.values
+        if v.kind in const_kinds or (v.kind == "input" and v.index not in grad_inputs)
+    }
+    out = []
+    for o in graph.forward_ops:
+        op = graph.ops[o]
+        if op.random or op.state_update or not set(op.inputs) <= constant_values:
+            continue
+        out.append(o)
+        constant_values.update(op.outputs)
+    return tuple(out)
+
+
 def find_blocks(graph: Graph) -> tuple[list[Block], list[int]]:
-    """The chain of blocks and, for every op, the block it belongs to."""
-    fwd = graph.forward_ops
-    cuts = [i for i in _separator_positions(graph) if _between_modules(graph, fwd[i], fwd[i + 1])]
-    bounds = [-1, *cuts, len(fwd) - 1]
-    block_of_op = [-1] * len(graph.ops)
-    separators: dict[int, int] = {}  # separator value -> block it feeds
-    for b in range(len(bounds) - 1):
-        for i in range(bounds[b] + 1, bounds[b + 1] + 1):
-            block_of_op[fwd[i]] = b
-        if b < len(bounds) - 2:
-            separators[_separator_value(graph, fwd[bounds[b + 1]])] = b + 1
-    n_blocks = len(bounds) - 1
-    _assign_backward(graph, block_of_op, separators, n_blocks)
+    """The chain of blocks and, for every op, the block it belongs to (a step constant: the
+    first block that reads it)."""
+    constants = set(constant_ops(graph))
+    fwd = [o for o in graph.forward_ops if o not in constants]
+    cuts = [
+        i for i in _separator_positions(graph, fwd) if _between_modules(graph, fwd[i], fwd[i + 1])
+    ]
+    while True:
+        block_of_op, separators = _assign(graph, fwd, cuts)
+        merge = _cross_block_read(graph, block_of_op, separators, constants)
+        if merge is None:
+            break
+        lo, hi = merge  # blocks lo..hi become one: drop the cuts between them
+        cuts = cuts[:lo] + cuts[hi:]
+    n_blocks = len(cuts) + 1
+    for o in sorted(constants):
+        readers = [block_of_op[c] for v in graph.ops[o].outputs for c in graph.values[v].consumers]
+        block_of_op[o] = min((b for b in readers if b >= 0), default=0)
 
     blocks = []
     kinds: dict[str, int] = {}
@@ -71,9 +102,46 @@ def find_blocks(graph: Graph) -> tuple[list[Block], list[int]]:
     return blocks, block_of_op
 
 
-def _separator_positions(graph: Graph) -> list[int]:
-    """Positions i in the forward order after which only one forward value is still needed."""
-    fwd = graph.forward_ops
+def _grad_input_nodes(graph: Graph) -> list[int]:
+    trace = graph.trace
+    inputs = [n.index for n in trace.nodes if n.role == "input"]
+    return [inputs[i] for i in trace.grad_inputs]
+
+
+def _assign(graph: Graph, fwd: list[int], cuts: list[int]) -> tuple[list[int], dict[int, int]]:
+    """Blocks of forward ops between the cuts, then of backward ops; separator -> block fed."""
+    bounds = [-1, *cuts, len(fwd) - 1]
+    block_of_op = [-1] * len(graph.ops)
+    separators: dict[int, int] = {}
+    for b in range(len(bounds) - 1):
+        for i in range(bounds[b] + 1, bounds[b + 1] + 1):
+            block_of_op[fwd[i]] = b
+        if b < len(bounds) - 2:
+            separators[_separator_value(graph, fwd[bounds[b + 1]])] = b + 1
+    _assign_backward(graph, block_of_op, separators, len(bounds) - 1)
+    return block_of_op, separators
+
+
+def _cross_block_read(
+    graph: Graph, block_of_op: list[int], separators: dict[int, int], constants: set[int]
+) -> tuple[int, int] | None:
+    """Two blocks to merge when a forward value of one is read by another (other than a
+    separator by the block it feeds), or None when the chain is sound."""
+    for o in graph.forward_ops:
+        if o in constants:
+            continue
+        s = block_of_op[o]
+        for v in graph.ops[o].outputs:
+            allowed = {s, separators[v]} if v in separators else {s}
+            for c in graph.values[v].consumers:
+                r = block_of_op[c]
+                if r not in allowed:
+                    return min(s, r), max(s, r)
+    return None
+
+
+def _separator_positions(graph: Graph, fwd: list[int]) -> list[int]:
+    """Positions i in `fwd` after which only one value produced in `fwd` is still needed."""
     pos = {o: i for i, o in enumerate(fwd)}
     end = len(fwd)
     last_use: dict[int, int] = {}  # value -> last forward position reading it
@@ -129,35 +197,42 @@ def _common_module(graph: Graph, ops: tuple[int, ...]) -> str:
 def _assign_backward(
     graph: Graph, block_of_op: list[int], separators: dict[int, int], n_blocks: int
 ) -> None:
-    """A backward op belongs to the block of the forward op it differentiates (autograd's
-    sequence number links them). Others (gradient sums) go to the earliest block whose
-    activations or gradients they read, a separator counting for the block it feeds; ops that
-    read neither (constants of the backward) go with their latest consumer.
+    """A backward op belongs to a block its forward reads allow: the block of each activation
+    it reads, either side of a separator. Among those, the block of the forward op it
+    differentiates (autograd's sequence number links them; a number can be shared by ops in
+    two blocks, as a dropout right after a LayerNorm carries the LayerNorm's). Ops that read no
+    forward value take their linked block; others (gradient sums) the earliest block whose
+    gradients they read; ops that read neither (constants of the backward) go with their
+    latest consumer.
     """
     nodes = graph.trace.nodes
-    seq_block = {
-        nodes[n].seq_nr: block_of_op[o]
-        for o in graph.forward_ops
-        for n in graph.ops[o].nodes
-        if nodes[n].seq_nr >= 0
-    }
+    seq_blocks: dict[int, set[int]] = {}
+    for o in graph.forward_ops:
+        if block_of_op[o] >= 0:
+            for n in graph.ops[o].nodes:
+                if nodes[n].seq_nr >= 0:
+                    seq_blocks.setdefault(nodes[n].seq_nr, set()).add(block_of_op[o])
     undecided = []
     for o in graph.backward_ops:
-        linked = [
-            seq_block[nodes[n].seq_nr] for n in graph.ops[o].nodes if nodes[n].seq_nr in seq_block
-        ]
-        if linked:
-            block_of_op[o] = linked[0]
-            continue
-        candidates = []
+        linked = set().union(*(seq_blocks.get(nodes[n].seq_nr, ()) for n in graph.ops[o].nodes))
+        allowed: set[int] | None = None
+        grads = []
         for v in graph.ops[o].inputs:
             value = graph.values[v]
-            if v in separators:
-                candidates.append(separators[v])
-            elif value.producer is not None:
-                candidates.append(block_of_op[value.producer])
-        if candidates:
-            block_of_op[o] = min(candidates)
+            if value.producer is None:
+                continue
+            b = block_of_op[value.producer]
+            if graph.ops[value.producer].phase == "backward":
+                grads.append(b)
+            elif b >= 0:  # a step constant (-1 here) binds no block
+                here = {b, separators[v]} if v in separators else {b}
+                allowed = here if allowed is None else allowed & here
+        if allowed:
+            block_of_op[o] = max((allowed & linked) or allowed)
+        elif linked:
+            block_of_op[o] = max(linked)
+        elif grads:
+            block_of_op[o] = min(grads)
         else:
             undecided.append(o)
     for o in reversed(undecided):

@@ -17,9 +17,11 @@ from typing import Literal, cast
 from core.errors import UnsupportedModel
 from core.trace import Trace
 
-PLACEHOLDER_KINDS = ("param", "state", "input", "tangent")
+PLACEHOLDER_KINDS = ("param", "state", "input", "tangent", "constant")
 Phase = Literal["forward", "backward"]
-ValueKind = Literal["param", "state", "input", "tangent", "activation", "temporary", "gradient"]
+ValueKind = Literal[
+    "param", "state", "input", "tangent", "constant", "activation", "temporary", "gradient"
+]
 
 
 @dataclass

@@ -18,10 +18,12 @@ import math
 import pickle
 import pickletools
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from core.errors import PlanFileError
 from core.simulator import FREE, RUN
@@ -36,6 +38,7 @@ MAX_OPCODES = 500_000
 MAX_DEPTH = 8
 MAX_STACK = 5000  # pickle batches 1000 items per APPENDS, so a plain file needs ~1000
 MAX_TEXT = 4096  # characters in one note, name or dtype
+MAX_TREE = 2**16  # characters of the call's pytree spec (JSON)
 MAX_NOTES = 100
 MAX_INPUTS = 256
 MAX_RANK = 16
@@ -261,8 +264,9 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     def bad(why: str) -> PlanFileError:
         return PlanFileError(f"{name} has damaged graph metadata: {why}; export the plan again")
 
-    if not isinstance(meta, dict) or set(meta) != {"params", "state", "inputs", "n_nodes"}:
-        raise bad("expected params, state, inputs and n_nodes")
+    fields = {"params", "state", "inputs", "n_nodes"}
+    if not isinstance(meta, dict) or set(meta) - {"call"} != fields:
+        raise bad("expected params, state, inputs, n_nodes and call")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
     if not _is_int(meta["n_nodes"], 1, MAX_DIM):
         raise bad("n_nodes is not a positive count")
@@ -290,6 +294,43 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
             raise bad(f"input {i}'s dtype {str(dtype)[:40]!r} is not a torch dtype")
         if not isinstance(requires_grad, bool):
             raise bad(f"input {i}'s requires_grad is not True or False")
+
+    if "call" in meta:
+        _check_call(meta["call"], len(inputs), bad)
+
+
+def _check_call(call: Any, n_inputs: int, bad: Callable[[str], PlanFileError]) -> None:
+    """How the model was called (`core.trace.CallSpec.to_data`): the pytree spec of (args,
+    kwargs) must parse and have one leaf per recorded tensor input (targets excepted) and
+    constant, the constants plain scalars."""
+    if not isinstance(call, dict) or set(call) != {"tree", "constants", "targets", "loss"}:
+        raise bad("call is not {tree, constants, targets, loss}")
+    tree, constants, targets, loss = call["tree"], call["constants"], call["targets"], call["loss"]
+    if not isinstance(loss, bool) or not _is_int(targets, 0, n_inputs):
+        raise bad("call's loss or targets is out of range")
+    if tree is None:  # a call a file cannot carry: apply_plan says so
+        return
+    if not isinstance(constants, list) or len(constants) > MAX_INPUTS:
+        raise bad(f"call's constants is not a list of at most {MAX_INPUTS}")
+    for entry in constants:
+        if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0], 0, MAX_DIM)):
+            raise bad(f"a call constant is not [position, value] ({str(entry)[:60]})")
+        if not (entry[1] is None or type(entry[1]) in (bool, int, float) or _is_text(entry[1])):
+            raise bad(f"a call constant is not a plain scalar ({str(entry)[:60]})")
+    if not isinstance(tree, str) or len(tree) > MAX_TREE:
+        raise bad(f"call's tree is not a text of at most {MAX_TREE} characters")
+    try:
+        spec = pytree.treespec_loads(tree)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged spec makes the parser raise
+        raise bad(f"call's tree does not parse ({type(e).__name__})") from None
+    leaves = n_inputs - targets + len(constants)
+    positions = {entry[0] for entry in constants}
+    if (
+        spec.num_leaves != leaves
+        or len(positions) != len(constants)
+        or max(positions, default=0) >= max(leaves, 1)
+    ):
+        raise bad("call's tree does not match the recorded inputs and constants")
 
 
 def _is_int(x: Any, low: int, high: int) -> bool:

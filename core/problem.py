@@ -6,13 +6,15 @@ import functools
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
 from core import costs as cost_models
-from core.blocks import Block, find_blocks
+from core.blocks import Block, constant_ops, find_blocks
+from core.errors import UnsupportedModel
 from core.graph import Graph, build_graph
 from core.simulator import simulate, store_all_program
 from core.trace import capture, fingerprint, graph_meta
@@ -36,6 +38,12 @@ class Problem:
     store_all_time: float  # seconds: every op once
     name: str = "model"
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
+    loss_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
+
+    @cached_property
+    def constant_ops(self) -> tuple[int, ...]:
+        """Step constants (masks, position ids, rotary tables): in no block, run first."""
+        return constant_ops(self.graph)
 
     @property
     def param_bytes(self) -> int:
@@ -65,7 +73,11 @@ def per_problem(fn: Callable[Concatenate[Problem, P], T]) -> Callable[Concatenat
 
 def analyze(
     model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+    *,
     costs: str = "estimated",
     device: str = "cpu",
     name: str = "model",
@@ -73,12 +85,26 @@ def analyze(
 ) -> Problem:
     """Trace one training step of `model`, time its ops and find its chain of blocks.
 
+    The step is `output = model(*args, **kwargs)`, then `loss = loss_fn(output, *targets)`
+    when `loss_fn` is given (a scalar; the planned module then returns it, see apply_plan),
+    so the budget covers the loss too (a model computing its own loss, such as Hugging Face's
+    given `labels=`: `loss_fn=lambda out: out.loss`). Without `loss_fn`, every differentiable
+    output gets a gradient: backpropagating only some makes autograd pass zeros for the
+    others, memory the plan does not count.
+    Non-tensor arguments (flags, None) are bound as given.
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors here, 1 thread, median).
     """
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
-    trace = capture(model, example_inputs)
+    if loss_fn is not None and kwargs and "targets" in kwargs:
+        raise UnsupportedModel(
+            "a keyword input named 'targets' with a loss_fn",
+            "",
+            "the planned module takes loss_fn's targets as `targets=`: rename the model's "
+            "argument, or compute the loss inside the model",
+        )
+    trace = capture(model, args, kwargs, loss_fn, targets)
     graph = build_graph(trace)
     report("costs", 0.3)
     if costs == "measured":
@@ -106,6 +132,7 @@ def analyze(
         sum(op.time for op in graph.ops),
         name,
         weakref.ref(model),
+        loss_fn,
     )
 
 

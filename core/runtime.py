@@ -17,7 +17,7 @@ step's values after a backward unless `retain_graph=True`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +33,12 @@ from core.problem import Problem, analyze
 from core.schedule import Plan
 from core.simulator import FREE
 from core.trace import (
+    CallSpec,
     TensorSpec,
     aliases_schema_write,
     describe_difference,
+    join_call,
+    split_call,
     undeclared_writes,
     unflatten_output,
 )
@@ -97,6 +100,7 @@ class _Program:
             split = len(compiled)
         # trace nodes the step's tensors bind to: parameters, state, then inputs
         self.placeholders = [n.index for n in nodes if n.role in ("param", "state", "input")]
+        self.constants = dict(graph.trace.constants)  # lifted constants: bound every step
         self.prologue = [compile_node(nodes[n]) for n in graph.prologue]
         self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
         self.forward = compiled[:split]
@@ -148,6 +152,7 @@ class _PlanFunction(torch.autograd.Function):
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
         for i, t in zip(program.placeholders, values, strict=True):
             env[i] = t
+        env.update(program.constants)
         _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
         program.run(program.forward, env, rng)
@@ -191,9 +196,12 @@ class _PlanFunction(torch.autograd.Function):
 class PlannedModule(nn.Module):
     """A drop-in for `model` that trains under a plan; eval mode and no_grad run the model."""
 
-    def __init__(self, model: nn.Module, graph: Graph, plan: Plan) -> None:
+    def __init__(
+        self, model: nn.Module, graph: Graph, plan: Plan, loss_fn: Callable | None = None
+    ) -> None:
         super().__init__()
         self.model = model
+        self.loss_fn = loss_fn
         self.plan = plan
         self._graph = graph
         self._program = _Program(graph, plan)
@@ -204,17 +212,43 @@ class PlannedModule(nn.Module):
         self._params = [params[n] for n in trace.param_names]
         self._input_specs = trace.input_specs
         self._grad_inputs = set(trace.grad_inputs)
+        self._call = trace.call
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Buffers and frozen parameters, looked up each step (they may be reassigned)."""
         return [getattr(mod, attr) for mod, attr in self._state_slots]
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output, as `model(*args, **kwargs)` gives it; with a plan made with a
+        loss_fn, the loss `loss_fn(output, *targets)`, targets given as `targets=` (a tensor
+        or a tuple of them)."""
+        targets: tuple = ()
+        if self._call.loss:
+            given = kwargs.pop("targets", ())
+            targets = (given,) if isinstance(given, torch.Tensor) else tuple(given)
         if not (torch.is_grad_enabled() and self.model.training):
-            return self.model(*inputs)
-        self._check_inputs(inputs)
+            out = self.model(*args, **kwargs)
+            return self.loss_fn(out, *targets) if self.loss_fn is not None else out
+        inputs = self._check_call(args, kwargs, targets)
         outputs = _PlanFunction.apply(self, len(self._params), *self._params, *inputs)
         return unflatten_output(list(outputs), self._graph.trace.output_spec)
+
+    def _check_call(self, args: tuple, kwargs: dict, targets: tuple) -> list[Any]:
+        """The call's tensors, checked against the plan's call: structure, bound values."""
+        inputs, call = split_call(args, kwargs, targets, self._call.loss)
+        mine = self._call
+        if call.tree != mine.tree or call.n_targets != mine.n_targets:
+            raise PlanMismatch(
+                f"the plan was made for a call {mine.describe()}, got {call.describe()}"
+            )
+        for (i, want), (_, got) in zip(mine.constants, call.constants, strict=True):
+            if type(want) is not type(got) or want != got:
+                raise PlanMismatch(
+                    f"argument {mine.leaf_name(i)} is {got!r}, the plan was made with "
+                    f"{want!r}: make a plan for this call"
+                )
+        self._check_inputs(inputs)
+        return inputs
 
     def _check_inputs(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != len(self._input_specs):
@@ -240,9 +274,14 @@ def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return model.get_submodule(module), attr
 
 
-def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
+def apply_plan(
+    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> PlannedModule:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
-    made for (same parameters, same code); inputs must have the plan's shapes and dtypes.
+    made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
+    be passed the same way (positions, keywords). A plan made with a loss_fn needs it again
+    here when loaded from a file (the same function: its ops are checked); the module then
+    returns the loss: `loss = planned(*args, **kwargs, targets=y)`.
 
     Nothing in the plan is trusted: a plan that is not bound to this model is checked against
     the model's own trace (parameters, then the fingerprint), bound to that trace when it has
@@ -251,9 +290,9 @@ def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
     """
     problem = plan.problem
     if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
-        graph = problem.graph
+        graph, loss_fn = problem.graph, loss_fn or problem.loss_fn
     else:
-        mine = _problem_for(model, plan)
+        mine = _problem_for(model, plan, loss_fn)
         graph = mine.graph
         if problem is None:
             plan.attach(mine)
@@ -263,12 +302,14 @@ def apply_plan(model: nn.Module, plan: Plan) -> PlannedModule:
                 + describe_difference(mine.graph.trace, plan.graph_meta)
             )
     check_program(plan, plan._attached())
-    return PlannedModule(model, graph, plan)
+    return PlannedModule(model, graph, plan, loss_fn)
 
 
-def _problem_for(model: nn.Module, plan: Plan) -> Problem:
-    """Trace `model` on fake inputs shaped as the plan records (nothing is allocated, however
-    large the recorded shapes) and check the trace is the plan's."""
+def _problem_for(
+    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None
+) -> Problem:
+    """Trace `model` on fake inputs shaped and passed as the plan records (nothing is
+    allocated, however large the recorded shapes) and check the trace is the plan's."""
     check_graph_meta(plan.graph_meta)
     _check_params(model, plan)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -277,8 +318,24 @@ def _problem_for(model: nn.Module, plan: Plan) -> Problem:
             torch.empty(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(grad)
             for shape, dtype, grad in plan.graph_meta["inputs"]
         ]
+    meta = plan.graph_meta.get("call")
+    kwargs: dict[str, Any]
+    if meta is None:  # plans from before keyword inputs: positional tensors
+        args, kwargs, targets = tuple(example), {}, ()
+    elif meta["tree"] is None:
+        raise PlanMismatch(
+            "this plan's call holds arguments a plan file cannot carry (custom containers or "
+            "objects): apply the plan in the process that made it (core.apply_plan(model, plan))"
+        )
+    else:
+        args, kwargs, targets = join_call(example, CallSpec.from_data(meta))
+        if meta["loss"] and loss_fn is None:
+            raise PlanMismatch(
+                "this plan was made with a loss_fn: pass the same one, "
+                "core.apply_plan(model, plan, loss_fn=...)"
+            )
     try:
-        problem = analyze(model, example)
+        problem = analyze(model, args, kwargs, loss_fn if meta and meta["loss"] else None, targets)
     except UnsupportedModel as e:
         raise PlanMismatch(
             f"the model cannot run on the plan's recorded inputs {plan.graph_meta['inputs']} "

@@ -430,6 +430,7 @@ def simulate(
             recompute = False
             name, label = value.name, value.kind
             block = block_of_op[value.producer] if value.producer is not None else -1
+        live = (*live, *[0] * (len(COLUMNS) - len(live)))  # kinds absent from the graph
         timeline.append(Step(i, kind, target, name, label, phase, block, recompute, *live))
     return Simulation(
         timeline,

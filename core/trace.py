@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import operator
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from core.errors import UnsupportedModel
 
-ROLES = ("param", "state", "input", "tangent", "op")
+ROLES = ("param", "state", "input", "tangent", "constant", "op")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,10 @@ class Trace:
     diff_outputs: list[int]  # positions in `outputs` that receive a tangent
     tangents: list[int]  # tangent placeholder for each of diff_outputs
     grads: list[int | None]  # gradient node per param, then per grad input (None: unused)
+    call: CallSpec  # how the model is called: what the planned module checks
+    # tensors the model creates from Python data (`torch.tensor(0)`, a scalar written into a
+    # slice): make_fx lifts them into constants; node -> its value, on the traced device
+    constants: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def graph_meta(trace: Trace) -> dict[str, Any]:
@@ -126,13 +131,16 @@ def graph_meta(trace: Trace) -> dict[str, Any]:
             for i, s in enumerate(trace.input_specs)
         ],
         "n_nodes": len(trace.nodes),
+        "call": trace.call.to_data(),
     }
 
 
 def fingerprint(trace: Trace) -> str:
-    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step."""
+    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step. How the
+    inputs are passed (the "call") is left out: the planned module checks it on every call,
+    and plans made before keyword inputs keep their fingerprint."""
     h = hashlib.sha256()
-    h.update(repr(graph_meta(trace)).encode())
+    h.update(repr({k: v for k, v in graph_meta(trace).items() if k != "call"}).encode())
     for n in trace.nodes:
         h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
     return h.hexdigest()[:32]
@@ -160,10 +168,80 @@ def _first_difference(theirs: list, mine: list) -> str:
     return f"{len(theirs)} entries where the model has {len(mine)}"
 
 
-def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
-    """Trace one forward+backward of `model` on inputs shaped like `example_inputs`."""
+@dataclass(frozen=True)
+class CallSpec:
+    """How a step calls the model: the structure of (args, kwargs), the non-tensor values in
+    it (bound when traced, checked on every call), how many targets follow for `loss_fn`."""
+
+    tree: Any  # pytree spec of (args, kwargs)
+    constants: tuple[tuple[int, Any], ...]  # (leaf position, value) of non-tensor leaves
+    n_targets: int = 0
+    loss: bool = False  # a loss_fn(output, *targets) follows the model
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data for a plan file; `tree` is None when the call holds values a plan file
+        cannot carry (custom containers, non-plain constants)."""
+        try:
+            tree = pytree.treespec_dumps(self.tree)
+        except Exception:  # noqa: BLE001 - a custom container pytree cannot serialise
+            tree = None
+        if not all(isinstance(v, (type(None), bool, int, float, str)) for _, v in self.constants):
+            tree = None
+        constants = [[i, v] for i, v in self.constants] if tree is not None else []
+        return {"tree": tree, "constants": constants, "targets": self.n_targets, "loss": self.loss}
+
+    def describe(self) -> str:
+        """'with 1 positional arguments and keywords ['attention_mask']': for error messages."""
+        args, kwargs = pytree.tree_unflatten([None] * self.tree.num_leaves, self.tree)
+        out = f"with {len(args)} positional arguments and keywords {sorted(kwargs)}"
+        return out + (f" and {self.n_targets} targets" if self.loss else "")
+
+    def leaf_name(self, leaf: int) -> str:
+        """The argument a leaf is: 'use_cache', '#2' (position), or 'leaf 5' (nested)."""
+        args, kwargs = pytree.tree_unflatten(list(range(self.tree.num_leaves)), self.tree)
+        names = {v: repr(k) for k, v in kwargs.items() if isinstance(v, int)}
+        names |= {v: f"#{p}" for p, v in enumerate(args) if isinstance(v, int)}
+        return names.get(leaf, f"leaf {leaf}")
+
+    @staticmethod
+    def from_data(data: dict[str, Any]) -> CallSpec:
+        tree = pytree.treespec_loads(data["tree"])
+        constants = tuple((int(i), v) for i, v in data["constants"])
+        return CallSpec(tree, constants, int(data["targets"]), bool(data["loss"]))
+
+
+def split_call(
+    args: Sequence[Any], kwargs: dict[str, Any] | None, targets: Sequence[Any] = (), loss=False
+) -> tuple[list[Any], CallSpec]:
+    """The tensors of a call, in order (targets last), and what rebuilds the call from them."""
+    leaves, tree = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    constants = tuple((i, x) for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor))
+    return tensors + list(targets), CallSpec(tree, constants, len(targets), loss)
+
+
+def join_call(tensors: Sequence[Any], call: CallSpec) -> tuple[tuple, dict, tuple]:
+    """(args, kwargs, targets) from the tensors `split_call` gave."""
+    n = len(tensors) - call.n_targets
+    fixed = dict(call.constants)
+    it = iter(tensors[:n])
+    leaves = [fixed[i] if i in fixed else next(it) for i in range(call.tree.num_leaves)]
+    args, kwargs = pytree.tree_unflatten(leaves, call.tree)
+    return args, kwargs, tuple(tensors[n:])
+
+
+def capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+) -> Trace:
+    """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
+    *targets)` when given) on inputs shaped like these. Non-tensor arguments are bound as
+    they are."""
     with _tensors_restored(model):
-        return _capture(model, example_inputs)
+        return _capture(model, args, kwargs, loss_fn, targets)
 
 
 @contextlib.contextmanager
@@ -183,21 +261,23 @@ def _tensors_restored(model: nn.Module) -> Iterator[None]:
             setattr(m, n, t)
 
 
-def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
-    inputs = list(example_inputs)
-    for i, x in enumerate(inputs):
+def _capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    targets: Sequence[torch.Tensor],
+) -> Trace:
+    inputs, call = split_call(args, kwargs, targets, loss_fn is not None)
+    for i, x in enumerate(inputs[len(inputs) - call.n_targets :]):
         if not isinstance(x, torch.Tensor):
-            raise UnsupportedModel(
-                f"input {i} of type {type(x).__name__}",
-                "",
-                "pass tensors only; bind other arguments with functools.partial or a wrapper module",
-            )
+            raise UnsupportedModel(f"target {i} of type {type(x).__name__}", "", "pass tensors")
     named = list(model.named_parameters())
     params = [(n, p) for n, p in named if p.requires_grad]
     state = [(n, p) for n, p in named if not p.requires_grad] + list(model.named_buffers())
     grad_inputs = [i for i, x in enumerate(inputs) if x.requires_grad]
 
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
@@ -206,7 +286,9 @@ def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
     def forward(ps, ss, xs):
         names = [n for n, _ in params] + [n for n, _ in state]
         tensors = dict(zip(names, [*ps, *ss], strict=True))
-        return functional_call(model, tensors, tuple(xs))
+        args, kwargs, targets = join_call(xs, call)
+        out = functional_call(model, tensors, args, kwargs)
+        return out if loss_fn is None else _loss(loss_fn, out, targets)
 
     with _ModuleScope(model) as scope, fake_mode:
         out = _guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -233,9 +315,10 @@ def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
                 *fparams, *fstate, *finputs, *ftangents
             ),
         )
+        _functionalize_late_writes(gm.graph)
 
     roles = ["param"] * n_p + ["state"] * n_s + ["input"] * n_i + ["tangent"] * len(diff)
-    nodes, storage_bytes, out_nodes, grad_nodes = _convert(gm.graph, roles)
+    nodes, storage_bytes, out_nodes, grad_nodes, constants = _convert(gm, roles)
     return Trace(
         nodes=nodes,
         storage_bytes=storage_bytes,
@@ -249,7 +332,21 @@ def _capture(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> Trace:
         diff_outputs=diff,
         tangents=[i for i, n in enumerate(nodes) if n.role == "tangent"],
         grads=grad_nodes,
+        constants=constants,
+        call=call,
     )
+
+
+def _loss(loss_fn: Callable[..., Any], out: Any, targets: tuple) -> torch.Tensor:
+    loss = loss_fn(out, *targets)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise UnsupportedModel(
+            f"a loss_fn returning {type(loss).__name__}"
+            + (f" of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else ""),
+            "",
+            "loss_fn(output, *targets) must return a scalar tensor (reduce it with .mean())",
+        )
+    return loss
 
 
 def unflatten_output(leaves: list[Any], spec: Any) -> Any:
@@ -292,7 +389,9 @@ def _flatten_output(out: Any, scope: _ModuleScope) -> tuple[list[torch.Tensor], 
             raise UnsupportedModel(
                 f"an output of type {type(leaf).__name__}",
                 "",
-                "the model must return tensors (alone, or in a tuple, list, dict or dataclass)",
+                "the model must return tensors (alone, or in a tuple, list, dict or dataclass): "
+                "turn that output off (Hugging Face: use_cache=False) or give analyze a "
+                "loss_fn, whose scalar is then the step's only output",
             )
     if not leaves:
         raise UnsupportedModel("a model with no tensor output", "", "return the loss or logits")
@@ -364,7 +463,11 @@ class _ModuleScope:
 
 
 def _guard(scope: _ModuleScope, fn):
-    """Run `fn`, turning tracing failures into UnsupportedModel naming op and module."""
+    """Run `fn`, turning tracing failures into UnsupportedModel naming op and module (fake
+    tensors' own log of a failing shape function is silenced: the error says it)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         return fn()
     except UnsupportedModel:
@@ -390,7 +493,7 @@ def _guard(scope: _ModuleScope, fn):
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         if _raised_in_checkpoint(e):
             raise UnsupportedModel(
-                "torch.utils.checkpoint (non-reentrant) inside the forward pass",
+                "torch.utils.checkpoint (reentrant) inside the forward pass",
                 scope.where,
                 "remove the inner checkpoint: the plan decides what to keep and what to "
                 "recompute for the whole step and replaces it",
@@ -405,12 +508,17 @@ def _guard(scope: _ModuleScope, fn):
         raise UnsupportedModel(
             f"the forward pass ({type(e).__name__}: {text[:300]})",
             scope.where,
-            "check that the example inputs match what the model expects",
+            "check that the example inputs match what the model expects; if they do, an op "
+            "there may lack a shape (meta) implementation for them in this torch: use another "
+            "implementation of that module (e.g. transformers' experts_implementation="
+            "'batched_mm' instead of grouped_mm on CPU)",
         ) from None
+    finally:
+        log.setLevel(level)
 
 
 def _raised_in_checkpoint(e: BaseException) -> bool:
-    """Whether `e` came from inside torch.utils.checkpoint, whose non-reentrant form fails under
+    """Whether `e` came from inside torch.utils.checkpoint, whose reentrant form fails under
     the fake tensors of the trace."""
     tb = e.__traceback__
     while tb is not None:
@@ -421,9 +529,12 @@ def _raised_in_checkpoint(e: BaseException) -> bool:
 
 
 def _convert(
-    graph: torch.fx.Graph, roles: list[str]
-) -> tuple[list[AtenNode], dict[int, int], list[int], list[int | None]]:
-    """fx graph -> AtenNodes with storages numbered 0..S-1 and their sizes in bytes."""
+    gm: torch.fx.GraphModule, roles: list[str]
+) -> tuple[list[AtenNode], dict[int, int], list[int], list[int | None], dict[int, torch.Tensor]]:
+    """fx graph -> AtenNodes with storages numbered 0..S-1 and their sizes in bytes, and the
+    values of lifted constants (get_attr nodes)."""
+    graph = gm.graph
+    constants: dict[int, torch.Tensor] = {}
     index: dict[torch.fx.Node, int] = {}
     storage_id: dict[int, int] = {}
     storage_bytes: dict[int, int] = {}
@@ -465,6 +576,10 @@ def _convert(
         if fx_node.op == "placeholder":
             node.role = roles[placeholders]
             placeholders += 1
+        elif fx_node.op == "get_attr":
+            value = getattr(gm, fx_node.target)
+            node.role = "constant"
+            constants[i] = value.detach().to(tensors[0].device) if tensors else value.detach()
         elif fx_node.op == "call_function":
             node.target = fx_node.target
             node.args = torch.fx.node.map_arg(fx_node.args, lambda n: Ref(index[n]))
@@ -479,7 +594,90 @@ def _convert(
         else:
             raise UnsupportedModel(f"an fx node of kind {fx_node.op}", "", "")
         nodes.append(node)
-    return nodes, storage_bytes, out_nodes, grad_nodes
+    return nodes, storage_bytes, out_nodes, grad_nodes, constants
+
+
+def _storages_of(node: torch.fx.Node) -> set[int]:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return {t.untyped_storage()._cdata for t in vals if isinstance(t, torch.Tensor)}
+
+
+def _functionalize_late_writes(graph: torch.fx.Graph) -> None:
+    """An in-place op on a tensor another op already read (a router's `w /= w.sum()`, a mask
+    compared and then written) becomes its out-of-place form, and every later reader of the
+    tensor reads the new result. Values are eager's; the graph's ops then own their storages,
+    so each can run and be recomputed as a unit. Runs under the trace's fake mode."""
+    fixed = {s for n in graph.nodes if n.op in ("placeholder", "get_attr") for s in _storages_of(n)}
+    read: set[int] = set()  # storages an op read without aliasing or writing them
+    latest: dict[torch.fx.Node, torch.fx.Node] = {}  # written tensor -> its new version
+    retired: set[int] = set()  # storages replaced by a new version
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        for old in node.all_input_nodes:
+            if old in latest:
+                node.replace_input_with(old, latest[old])
+        stale = [a for a in node.all_input_nodes if _storages_of(a) & retired]
+        if stale:
+            raise UnsupportedModel(
+                f"a view of a tensor ({stale[0].name}) read after an in-place op changed it",
+                _module_path(node),
+                "use out-of-place ops (x = x / y instead of x /= y)",
+            )
+        if _storages_of(node) & retired:  # a view of the new version: its storage is the new one
+            args = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+            node.meta["val"] = node.target(*args[0], **args[1])
+        writes = aliases_schema_write(node.target)
+        mine = _storages_of(node)
+        written = [node.args[p] for p, _ in writes if p < len(node.args)]
+        late = [
+            w for w in written if isinstance(w, torch.fx.Node) and (_storages_of(w) & read) - fixed
+        ]
+        for a in node.all_input_nodes:
+            if a not in written and not (_storages_of(a) & mine):
+                read.update(_storages_of(a))
+        if late:
+            new = _out_of_place(graph, node, late[0], len(written))
+            latest[late[0]] = latest[node] = new
+            retired.update(_storages_of(late[0]))
+
+
+def _out_of_place(
+    graph: torch.fx.Graph, node: torch.fx.Node, target: torch.fx.Node, n_written: int
+) -> torch.fx.Node:
+    op: Any = node.target  # an OpOverload: only those write in place
+    schema = op._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::")[-1].rstrip("_"), None)
+    overload = getattr(packet, op._overloadname, None) if packet else None
+    before = target.meta.get("val")
+    if overload is None or n_written != 1 or before is None:
+        raise UnsupportedModel(
+            f"the in-place op {node.name} ({schema.name}) on a tensor read before it",
+            _module_path(node),
+            "use the out-of-place form (x = x / y instead of x /= y)",
+        )
+    fake = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    after = overload(*fake[0], **fake[1])
+    if not isinstance(after, torch.Tensor) or (after.shape, after.dtype) != (
+        before.shape,
+        before.dtype,
+    ):
+        raise UnsupportedModel(
+            f"the in-place op {node.name} ({schema.name}) on a tensor read before it",
+            _module_path(node),
+            "use the out-of-place form (x = x / y instead of x /= y)",
+        )
+    with graph.inserting_after(node):
+        new = graph.call_function(overload, node.args, node.kwargs)
+    new.meta = {**node.meta, "val": after}
+    node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+    graph.erase_node(node)
+    return new
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    return (node.meta.get("custom") or {}).get("module") or ""
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from helpers import SEED_BYTES, assert_same_grads, measured_step
 from torch import nn
 
 import core
@@ -154,17 +155,33 @@ def test_cli_bad_budget_and_missing_file(tmp_path):
 
 
 class _Checkpointed(nn.Module):
-    def __init__(self):
+    def __init__(self, reentrant: bool):
         super().__init__()
         self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+        self.reentrant = reentrant
 
     def forward(self, x):
-        y = torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        y = torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=self.reentrant)
         return y.sum()
 
 
-def test_model_that_already_checkpoints_is_told_to_remove_it():
+def test_model_that_already_checkpoints_reentrantly_is_told_to_remove_it():
+    x = torch.randn(4, 8, requires_grad=True)
     with pytest.raises(core.UnsupportedModel) as err:
-        core.analyze(_Checkpointed(), (torch.randn(4, 8),))
-    assert "torch.utils.checkpoint" in str(err.value)
+        core.analyze(_Checkpointed(reentrant=True), (x,))
+    assert "torch.utils.checkpoint (reentrant)" in str(err.value)
     assert "remove the inner checkpoint" in str(err.value)
+
+
+def test_model_with_non_reentrant_checkpoint_is_planned_exactly():
+    """The traced backward holds the checkpoint's recompute as backward ops: plans keep it,
+    and run with eager's gradients at the predicted peak."""
+    model, x = _Checkpointed(reentrant=False), torch.randn(4, 8)
+    problem = core.analyze(model, (x,))
+    backward = [problem.graph.ops[o].name for o in problem.graph.backward_ops]
+    assert sum(name.startswith("addmm") for name in backward) == 1  # inner[0] recomputed
+    eager_peak, eager_loss, eager_grads = measured_step(model, (x,))
+    plan = core.solve(problem, 1.0, method="store_all")
+    peak, loss, grads = measured_step(model, (x,), run=core.apply_plan(model, plan))
+    assert loss == eager_loss and peak == plan.predicted_peak + SEED_BYTES
+    assert_same_grads(grads, eager_grads)

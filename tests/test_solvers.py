@@ -184,3 +184,22 @@ def test_rockmate_notes_block_ilps_stopped_at_their_node_limit():
     assert limited > 0
     assert f"in {limited} of {len(problem.blocks)} blocks" in " ".join(plan.notes)
     assert not core.solve(problem, 1.0, "rockmate").notes
+
+
+def test_keep_set_search_stops_at_its_state_bound_and_says_so():
+    """The beam search simulates about `max_states` keep sets (the step under way finishes),
+    flags that it stopped, and what it found is still a valid, non-empty set of options."""
+    from core.simulator import simulated
+    from core.solvers.keep_sets import KeepSetSearch
+    from core.solvers.options import layout
+
+    model, inputs = build("gpt-1layer")
+    dag = max(layout(core.analyze(model, inputs)).dags, key=lambda d: len(d.ops))
+    full = simulated(dag, list(range(len(dag.ops))))
+    free = KeepSetSearch(dag, max_states=10**9)
+    free.options(full)
+    bounded = KeepSetSearch(dag, max_states=len(free.seen) // 4)
+    found = bounded.options(full)
+    assert not free.bounded and bounded.bounded and found
+    assert len(bounded.seen) < len(free.seen)
+    assert all(o.time >= full.time - 1e-9 for o in found)

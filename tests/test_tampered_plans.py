@@ -211,6 +211,14 @@ def test_edited_graph_metadata(gpt):
         "parameters an int": {"params": 7},
         "huge input list": {"inputs": _two(shape, dtype, grad, 100_000)},
         "negative dimension": {"inputs": _two([-4, 64], dtype, grad)},
+        "call tree not JSON": {"call": dict(meta["call"], tree="{not json")},
+        "call tree of another type": {
+            "call": dict(meta["call"], tree=meta["call"]["tree"].replace("builtins.tuple", "os"))
+        },
+        "call with an extra constant": {"call": dict(meta["call"], constants=[[0, "x"]])},
+        "call constant an object": {"call": dict(meta["call"], constants=[[0, {"a": 1}]])},
+        "call targets beyond the inputs": {"call": dict(meta["call"], targets=5)},
+        "call missing": {"call": "positional"},
     }
     for name, edit in edits.items():
         d = dict(data, graph_meta=dict(meta, **edit))

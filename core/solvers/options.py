@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,24 +33,27 @@ from core.problem import Problem, per_problem
 from core.simulator import Dag, DagOp, InvalidPlan, Simulated, kept_bytes, simulate_runs, simulated
 from core.solvers import checkmate, keep_sets
 from core.solvers.checkmate import DEFAULT_SOLVER, solve_ilp
-from core.solvers.keep_sets import keep_set_options
+from core.solvers.keep_sets import MAX_STATES, KeepSetSearch
 
 log = logging.getLogger(__name__)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
 # Block ILPs stop after ILP_NODES branch-and-bound nodes: the same options on a loaded
-# machine as on an idle one. ILP_SECONDS only guards against a runaway solve (logged).
+# machine as on an idle one, unless a block's whole grid of ILPs runs past ILP_BLOCK_SECONDS
+# (a GPT-2 layer's can take minutes): then the budgets left are skipped and the plan says so.
 ILP_NODES = 20
-ILP_SECONDS = 60.0
+ILP_BLOCK_SECONDS = 1.0
 MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
 
 
 @dataclass(frozen=True)
 class _Computed:
-    """A block shape's options as cached: their run lists, and how many block ILPs a limit
-    stopped short of optimal (their schedules are the best found, not proven optimal)."""
+    """A block shape's options as cached: their run lists, how many block ILPs a node limit
+    stopped short of optimal (their schedules are the best found, not proven optimal), and
+    why the search stopped early when it did (None: the whole grid and keep-set search ran)."""
 
     runs: list[tuple[int, ...]]
     limited: int
+    note: str | None
 
 
 _MEMORY: dict[str, _Computed] = {}  # block key -> options, least recently used first
@@ -86,6 +90,7 @@ class ChainBlock:
     forward_peak: int  # Fn / Fck: forward keeping nothing but the output
     options: list[BlockOption]
     ilps_limited: int = 0  # block ILPs a limit stopped short of optimal for these options
+    search_note: str | None = None  # why the block's option search stopped early, if it did
 
 
 @dataclass
@@ -98,6 +103,7 @@ class Layout:
     permanent: list[int]
     outputs: list[int]
     final_forward: int  # bytes of model outputs (live from the forward to the end)
+    constants: int  # bytes of step constants (counted for the whole step: safe)
 
 
 @per_problem
@@ -119,8 +125,9 @@ def layout(problem: Problem) -> Layout:
     arriving: list[set[int]] = [set() for _ in range(n + 1)]
     leaving: list[set[int]] = [set() for _ in range(n)]
     final_forward = 0
+    constants = set(problem.constant_ops)
     for v in values:
-        if v.producer is None or not v.nbytes:
+        if v.producer is None or not v.nbytes or v.producer in constants:
             continue
         s = home[v.producer]
         readers = {home[c] for c in v.consumers} - {s}
@@ -129,8 +136,8 @@ def layout(problem: Problem) -> Layout:
                 final_forward += v.nbytes
             out_of = blocks[s].output_value
             bad = readers - ({s + 1} if v.index == out_of else set())
-            if bad:
-                raise ValueError(f"forward value {v.name} of block {s} is read by blocks {bad}")
+            if bad:  # find_blocks merges such blocks: this is a bug
+                raise AssertionError(f"forward value {v.name} of block {s} read by blocks {bad}")
             continue
         if v.index in graph.final_values or readers - {s - 1}:
             permanent[s] += v.nbytes
@@ -154,7 +161,8 @@ def layout(problem: Problem) -> Layout:
             Dag(dag_ops, sizes, frozenset(arriving[j]), frozenset(final), frozenset(held), order)
         )
     outputs = [values[b.output_value].nbytes if b.output_value is not None else 0 for b in blocks]
-    return Layout(stage, dags, grads, permanent, outputs, final_forward)
+    constant_bytes = sum(values[v].nbytes for o in constants for v in ops[o].outputs)
+    return Layout(stage, dags, grads, permanent, outputs, final_forward, constant_bytes)
 
 
 @per_problem
@@ -169,7 +177,9 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
         fwd_only = Dag(dag.ops[:nf], dag.sizes, frozenset(), dag.final, dag.held)
         input_value = problem.blocks[j - 1].output_value if j > 0 else None
         stats = simulate_runs(fwd_only, list(range(nf)), nf)
-        options, limited = block_options(dag) if with_options else (_store_all_option(dag), 0)
+        options, limited, note = (
+            block_options(dag) if with_options else (_store_all_option(dag), 0, None)
+        )
         out.append(
             ChainBlock(
                 output=lay.outputs[j],
@@ -180,6 +190,7 @@ def chain(problem: Problem, with_options: bool) -> list[ChainBlock]:
                 forward_peak=stats.forward_peak,
                 options=[_to_graph(dag, o, lay.outputs[j], input_value) for o in options],
                 ilps_limited=limited,
+                search_note=note,
             )
         )
     return out
@@ -219,7 +230,7 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-def block_options(dag: Dag) -> tuple[list[Simulated], int]:
+def block_options(dag: Dag) -> tuple[list[Simulated], int, str | None]:
     """Options of one block over the budget grid, dominated ones dropped, and how many of
     the block ILPs behind them stopped at a limit. The run lists are cached per block shape
     (in memory, the last MEMORY_ENTRIES shapes, and on disk); figures are simulated here."""
@@ -231,34 +242,51 @@ def block_options(dag: Dag) -> tuple[list[Simulated], int]:
     _MEMORY[key] = computed  # most recently used last
     while len(_MEMORY) > MEMORY_ENTRIES:
         _MEMORY.pop(next(iter(_MEMORY)))
-    return [simulated(dag, r) for r in computed.runs], computed.limited
+    return [simulated(dag, list(r)) for r in computed.runs], computed.limited, computed.note
+
+
+def option_notes(blocks: list[ChainBlock]) -> list[str]:
+    """What a plan says about its blocks' options: where block ILPs stopped at their node
+    limit, and where a block's option search stopped early."""
+    notes = []
+    limited = sum(b.ilps_limited > 0 for b in blocks)
+    if limited:
+        notes.append(
+            f"in {limited} of {len(blocks)} blocks, block ILPs stopped at their "
+            f"{ILP_NODES}-node limit: those options are the best found, not proven optimal"
+        )
+    return notes + sorted({b.search_note for b in blocks if b.search_note})
 
 
 def _compute_options(dag: Dag) -> _Computed:
     full = simulated(dag, _store_all(dag))
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
-    found = [full, *keep_set_options(dag, full)]
+    search = KeepSetSearch(dag)
+    found = [full, *search.options(full)]
+    notes = [f"keep-set search stopped at {search.max_states} states"] if search.bounded else []
     limited = 0
     if any(op.backward for op in dag.ops):
+        deadline = time.perf_counter() + ILP_BLOCK_SECONDS
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
+            left = deadline - time.perf_counter()
+            if left < 0.1:
+                notes.append(f"block ILPs stopped at {ILP_BLOCK_SECONDS:.0f} s, from {frac:.0%}")
+                break
             budget = top - int((1 - frac) * activations)
-            result = solve_ilp(dag, budget, DEFAULT_SOLVER, ILP_SECONDS, node_limit=ILP_NODES)
+            result = solve_ilp(dag, budget, DEFAULT_SOLVER, left, node_limit=ILP_NODES)
             if result is None:
                 break
             limited += not result.optimal
             if result.limit is not None and "s limit" in result.limit:
-                log.warning(
-                    "a block ILP at %d bytes hit its %s: options depend on load",
-                    budget,
-                    result.limit,
-                )
+                notes.append(f"the block ILP at {frac:.0%} stopped at its time limit")
             try:
                 found.append(simulated(dag, result.runs))
             except InvalidPlan as e:
                 log.warning("a block ILP's schedule does not simulate, dropped: %s", e)
                 continue
-    return _Computed([o.runs for o in _undominated(dag, found)], limited)
+    note = f"a block of {len(dag.ops)} ops: " + "; ".join(notes) if notes else None
+    return _Computed([o.runs for o in _undominated(dag, found)], limited, note)
 
 
 def _undominated(dag: Dag, options: list[Simulated]) -> list[Simulated]:
@@ -285,7 +313,7 @@ def _dag_key(dag: Dag) -> str:
             return ("x", local.setdefault(v, len(local)))  # external: parameters, inputs
         return ("v", local.setdefault(v, len(local)), dag.sizes[v])
 
-    parts: list[object] = [(_CODE, GRID, ILP_NODES, DEFAULT_SOLVER)]
+    parts: list[object] = [(_CODE, GRID, ILP_NODES, ILP_BLOCK_SECONDS, MAX_STATES, DEFAULT_SOLVER)]
     for op in dag.ops:
         parts.append((op.backward, f"{op.time:.6e}", [name(v) for v in op.inputs]))
         parts.append([name(v) for v in op.outputs])
@@ -323,11 +351,11 @@ def _load(key: str) -> _Computed | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("limited"), int):
         return None
-    runs = data.get("runs")
-    if not isinstance(runs, list) or not runs:
+    runs, note = data.get("runs"), data.get("note")
+    if not isinstance(runs, list) or not runs or not (note is None or isinstance(note, str)):
         return None
     ok = all(isinstance(r, list) and all(isinstance(i, int) for i in r) for r in runs)
-    return _Computed([tuple(r) for r in runs], data["limited"]) if ok else None
+    return _Computed([tuple(r) for r in runs], data["limited"], note) if ok else None
 
 
 def _save(key: str, computed: _Computed) -> None:
@@ -337,9 +365,8 @@ def _save(key: str, computed: _Computed) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"options-{key}.tmp{os.getpid()}"
-        tmp.write_text(
-            json.dumps({"runs": [list(r) for r in computed.runs], "limited": computed.limited})
-        )
+        data = {"runs": [list(r) for r in computed.runs], "limited": computed.limited}
+        tmp.write_text(json.dumps(data | {"note": computed.note}))
         tmp.replace(folder / f"options-{key}.json")
     except OSError:
         pass

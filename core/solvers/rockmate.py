@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from core.problem import Problem
 from core.schedule import Plan
-from core.solvers.options import ILP_NODES, chain
+from core.solvers.options import chain, option_notes
 from core.solvers.rotor import chain_plan
 
 
 def solve(problem: Problem, budget: int) -> Plan:
     plan = chain_plan(problem, budget, "rockmate", with_options=True)
     if budget < problem.store_all_peak:  # else no block options were needed
-        blocks = chain(problem, True)
-        limited = sum(b.ilps_limited > 0 for b in blocks)
-        if limited:
-            plan.notes.append(
-                f"in {limited} of {len(blocks)} blocks, block ILPs stopped at their "
-                f"{ILP_NODES}-node limit: those options are the best found, not proven optimal"
-            )
+        plan.notes += option_notes(chain(problem, True))
     return plan

@@ -222,7 +222,7 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
     if problem.store_all_peak <= budget:  # the DP's rounding must not cost time here
         return store_all_plan(problem, method, budget)
     blocks, table = _prepared(problem, with_options)
-    fixed = layout(problem).final_forward
+    fixed = layout(problem).final_forward + layout(problem).constants
     slots = (budget - fixed) // table.slot
     lowest = table.min_slots()
     tried: set[int] = set()
@@ -280,7 +280,8 @@ def _plan_at(
     problem: Problem, blocks: list[ChainBlock], table: Table, slots: int, method: str, budget: int
 ) -> Plan:
     runs, n_forward = runs_of(blocks, sequence(blocks, table, slots))
-    return plan_from_runs(problem, runs, n_forward, method, budget)
+    first = list(problem.constant_ops)  # step constants: in no block, computed first
+    return plan_from_runs(problem, first + runs, len(first) + n_forward, method, budget)
 
 
 @per_problem

@@ -1,0 +1,110 @@
+"""Models nobody here wrote (tests/zoo.py), called as users call them: keyword inputs, the loss
+computed outside the model. Plans must be exact: gradients, loss and random stream equal
+eager's bit for bit, measured peak = predicted + 4 bytes (the scalar seed of backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import ZOO, ZooCase
+
+import core
+from core.errors import PlanMismatch
+from core.memory import StorageTracker, step_tensors
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Bit-identical gradients are held on 1 thread. On 2, Mixtral's expert weights came out
+    4.7e-10 off eager's in one store_all run (a kernel's work split across threads), while
+    eager repeated on 2 threads was stable: not yet explained, left for a GPU/threads check."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, dict]:
+    """One training step from zero grads under a storage tracker: peak, loss, grads."""
+    model = case.model
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
+    with StorageTracker(step_tensors(model, given)) as tracker:
+        if run is None:
+            loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
+        else:
+            loss = run(*case.args, **case.kwargs, targets=case.targets)
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return tracker.peak, loss.detach(), grads
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(name):
+    case = ZOO[name]()
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    start = {k: v.clone() for k, v in case.model.state_dict().items()}
+    _, eager_loss, eager_grads = _step(case)
+    eager_state = {k: v.clone() for k, v in case.model.state_dict().items()}
+    eager_rng = torch.get_rng_state()
+    assert eager_grads, "the model has trainable parameters that get gradients"
+    # one block per repeated layer at least, the layers grouped into shared kinds
+    assert len(problem.blocks) >= case.layers
+    assert len({b.kind for b in problem.blocks}) < len(problem.blocks)
+    plans = [core.solve(problem, 1.0, method="checkpoint_blocks")]
+    between = (problem.store_all_peak + plans[0].predicted_peak) // 2  # bytes
+    plans.append(core.solve(problem, between, method="rockmate"))
+    assert plans[0].recomputed_ops > 0
+    for plan in plans:
+        case.model.load_state_dict(start)
+        peak, loss, grads = _step(case, core.apply_plan(case.model, plan))
+        assert torch.equal(loss, eager_loss), plan.method
+        assert grads.keys() == eager_grads.keys()
+        for key, want in eager_grads.items():  # bit-identical: the same ops in the same order
+            assert torch.equal(grads[key], want), (plan.method, key)
+        for key, value in case.model.state_dict().items():
+            assert torch.equal(value, eager_state[key]), key
+        assert torch.equal(torch.get_rng_state(), eager_rng)
+        assert peak == plan.predicted_peak + 4, plan.method
+
+
+def test_zoo_model_in_eval_mode_and_a_wrong_call():
+    """Outside training the planned module runs the model (and the loss); a call that differs
+    from the plan's (a keyword missing, another bound value) is a PlanMismatch saying so."""
+    case = ZOO["hf-gpt2"]()
+    case.kwargs["use_cache"] = False
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    planned = core.apply_plan(case.model, core.solve(problem, 1.0, method="checkpoint_blocks"))
+    with torch.no_grad():
+        loss = planned(*case.args, **case.kwargs, targets=case.targets)
+    assert loss.dim() == 0
+    with pytest.raises(PlanMismatch, match="keywords \\['attention_mask', 'use_cache'\\]"):
+        planned(*case.args, targets=case.targets)
+    with pytest.raises(PlanMismatch, match="'use_cache' is True"):
+        planned(
+            *case.args,
+            attention_mask=case.kwargs["attention_mask"],
+            use_cache=True,
+            targets=case.targets,
+        )
+
+
+def test_zoo_plan_file_round_trip_with_keywords_and_loss_fn(tmp_path):
+    """A saved plan carries the call (keywords, bound values, targets): loaded and applied
+    with the same loss_fn it runs exactly as in the process that made it; without the
+    loss_fn it is a PlanMismatch saying to pass it."""
+    case = ZOO["hf-llama"]()
+    case.kwargs["use_cache"] = False
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    plan = core.solve(problem, 1.0, method="checkpoint_blocks")
+    plan.save(tmp_path / "plan.pkl")
+    loaded = core.load_plan(tmp_path / "plan.pkl")
+    start = {k: v.clone() for k, v in case.model.state_dict().items()}
+    _, eager_loss, eager_grads = _step(case)
+    case.model.load_state_dict(start)
+    peak, loss, grads = _step(case, core.apply_plan(case.model, loaded, loss_fn=case.loss_fn))
+    assert torch.equal(loss, eager_loss) and peak == plan.predicted_peak + 4
+    assert all(torch.equal(grads[k], v) for k, v in eager_grads.items())
+    with pytest.raises(PlanMismatch, match="loss_fn"):  # a fresh load: apply bound the first
+        core.apply_plan(case.model, core.load_plan(tmp_path / "plan.pkl"))
