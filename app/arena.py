@@ -2,8 +2,7 @@
 
 Each storage is a rectangle from the step that allocates it to the last step it is live, at its
 offset in the arena, like the allocator state views of pytorch.org/memory_viz; hover names the
-value, the op that produced it and the module that ran it (the trace records modules for
-forward ops; it records no source lines). Two lines mark the live-bytes peak and the arena's
+value, the op that produced it, the module that ran it and the line of Python behind it. Two lines mark the live-bytes peak and the arena's
 size: the gap between them is the fragmentation a static allocator pays for this order.
 A pure function, no Dash and no solving: tests call it without a browser.
 """
@@ -24,7 +23,8 @@ def storage_text(graph: Any, value: int) -> str:
     v = graph.values[value]
     op = graph.ops[v.producer]
     module = graph.trace.nodes[op.nodes[0]].module if graph.trace is not None and op.nodes else None
-    where = f"<br>module {module}" if module else ""
+    source = graph.trace.nodes[op.nodes[0]].source if graph.trace is not None and op.nodes else None
+    where = (f"<br>module {module}" if module else "") + (f"<br>{source}" if source else "")
     return (
         f"<b>{v.name}</b> ({v.kind}, {fmt_bytes(v.nbytes)})<br>made by {op.label} {op.name}{where}"
     )

@@ -23,6 +23,7 @@ from dash.exceptions import PreventUpdate
 
 import core
 from app import figures, ids
+from app.arena import arena_figure
 from app.cache import Cancelled
 from app.layout import intro
 from app.measure import measure_plan
@@ -41,6 +42,7 @@ from app.state import (
     studio_lock,
 )
 from core.errors import fmt_bytes
+from core.layout import arena
 
 HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
 PEAK_ROWS = 10  # storages listed at the peak
@@ -410,6 +412,18 @@ def _memory(app: Dash, studio: Studio) -> None:
             plan.backward_start,
             unit=figures.pick_unit(problem.store_all_peak),
         )
+
+    @app.callback(
+        Output(ids.ARENA, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_arena(plan_ref):
+        """The address-by-time view of the plan on screen (`core.layout.arena`)."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        return arena_figure(arena(plan), problem.graph, plan.backward_start)
 
     @app.callback(
         Output(ids.PEAK_LIST, "children"),

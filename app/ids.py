@@ -41,6 +41,7 @@ GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"
 TIMELINE = "timeline"
 TENSORS = "tensors"  # the per-tensor view: each live storage a band over program steps
+ARENA = "arena"  # the address-by-time view: each storage at its offset in one arena
 PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
 

@@ -337,6 +337,19 @@ def _timeline_card():
             figure={"data": [], "layout": {"height": 380}},
             config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
         ),
+        html.H2("Addresses: one arena for the whole step"),
+        html.P(
+            "Where each storage would sit if the step ran in one block of memory laid out in "
+            "advance (largest storages first, each at the lowest free address). Rectangles span "
+            "the steps a storage is alive; the gap between the arena's top and the live-bytes "
+            "peak is fragmentation, the memory a static allocator pays beyond the peak.",
+            className="hint",
+        ),
+        dcc.Graph(
+            id=ids.ARENA,
+            figure={"data": [], "layout": {"height": 420}},
+            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+        ),
     ]
 
 

@@ -303,3 +303,23 @@ def test_pointing_at_an_op_names_it(ready):
         "() => /allocates/.test(document.querySelector('#graph-hover').textContent)"
     )
     assert "aten." in page.inner_text(f"#{ids.GRAPH_HOVER}")
+
+
+def test_arena_view_places_every_storage_and_names_fragmentation(ready):
+    """The address-by-time view: each storage a rectangle at its arena offset, the arena's
+    size and the live peak drawn, hover naming the op and module that made the storage."""
+    page = ready
+    press(page, "Home")  # a plan that recomputes
+    arena = "document.querySelector('#arena .js-plotly-plot')"
+    page.wait_for_function(f"() => {arena} && {arena}.data.length >= 5")
+    fig = page.evaluate(
+        f"() => ({{names: {arena}.data.map(t => t.name), title: {arena}.layout.title.text,"
+        f" bars: {arena}.data.filter(t => t.type === 'bar')"
+        f".map(t => t.customdata.length).reduce((a, b) => a + b, 0),"
+        f" texts: {arena}.data.flatMap(t => t.text || [])}})"
+    )
+    assert any(n.startswith("arena ") for n in fig["names"])
+    assert any(n.startswith("live peak ") for n in fig["names"])
+    assert "x the live peak" in fig["title"] and fig["bars"] > 10
+    assert all("made by" in t and "offset" in t for t in fig["texts"])
+    card(page, ids.ARENA).screenshot(path=str(SHOTS / "arena.png"))
