@@ -173,16 +173,21 @@ def test_rockmate_within_5_percent_of_the_ilp_optimum_on_an_mlp():
     assert plan.predicted_time <= 1.05 * reference.predicted_time
 
 
-def test_rockmate_notes_block_ilps_stopped_at_their_node_limit():
-    """Block ILPs run to a node limit (the same options under any load); a plan says in how
-    many blocks one stopped there, short of a proven optimum."""
-    from core.solvers.options import chain
+def test_block_option_bounds_are_deterministic_and_noted():
+    """Block ILPs stop at a node limit and a block's grid at a simplex-iteration budget (the
+    same options under any load): two cold computations agree exactly, and a plan says
+    where a bound stopped the search."""
+    from core.solvers.options import _compute_options, chain, layout
 
     _, _, problem, _ = _setup("gpt-tiny")
+    dag = max(layout(problem).dags, key=lambda d: len(d.ops))
+    first, second = _compute_options(dag), _compute_options(dag)
+    assert first == second and first.note and "simplex iterations" in first.note
     plan = core.solve(problem, 0.6, "rockmate")
-    limited = sum(b.ilps_limited > 0 for b in chain(problem, True))
-    assert limited > 0
-    assert f"in {limited} of {len(problem.blocks)} blocks" in " ".join(plan.notes)
+    blocks = chain(problem, True)
+    assert first.note in plan.notes
+    limited = sum(b.ilps_limited > 0 for b in blocks)
+    assert (f"in {limited} of {len(blocks)} blocks" in " ".join(plan.notes)) == (limited > 0)
     assert not core.solve(problem, 1.0, "rockmate").notes
 
 

@@ -40,6 +40,7 @@ class IlpResult:
     status: str = field(default="")
     bound: float | None = None  # HiGHS's lower bound on the objective (None from CBC)
     limit: str | None = None  # the limit that stopped the search short of optimal
+    iterations: int = 0  # HiGHS's simplex iterations, all LPs of the search (0 from CBC)
 
 
 def _closure(dag: Dag, values: set[int], producer: dict[int, int]) -> set[int]:
@@ -157,7 +158,8 @@ def solve_ilp(
     status, limit = _run(prob, solver, time_limit, node_limit)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return None
-    bound = prob.solverModel.getInfo().mip_dual_bound if solver == "highs" else None
+    info = prob.solverModel.getInfo() if solver == "highs" else None
+    bound = info.mip_dual_bound if info is not None else None
     runs = list(fwd)
     for k, b in enumerate(bwd):
         runs.extend(f for f in sorted(cand[k]) if R[(k, f)].value() > 0.5)
@@ -171,6 +173,7 @@ def solve_ilp(
         status,
         objective if optimal else bound,
         None if optimal else limit,
+        info.simplex_iteration_count if info is not None else 0,
     )
 
 

@@ -37,11 +37,16 @@ from core.solvers.keep_sets import MAX_STATES, KeepSetSearch
 
 log = logging.getLogger(__name__)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
-# Block ILPs stop after ILP_NODES branch-and-bound nodes: the same options on a loaded
-# machine as on an idle one, unless a block's whole grid of ILPs runs past ILP_BLOCK_SECONDS
-# (a GPT-2 layer's can take minutes): then the budgets left are skipped and the plan says so.
+# Bounds that give the same options on a loaded machine as on an idle one: each block ILP
+# stops after ILP_NODES branch-and-bound nodes, and a block's grid stops (the budgets left
+# skipped, the plan says so) once its ILPs have spent ILP_BLOCK_ITERATIONS simplex
+# iterations, HiGHS's deterministic measure of work on one thread. Measured here (CPU s,
+# iterations per grid point): gpt-tiny's layer (55 ops) 0.19/518, 0.29/389, 2.1/6478,
+# 2.0/25160, 2.9/43721; a 12-layer HF GPT-2's (73 ops) 0.12/347, 0.47/729, 0.62/1090,
+# 3.2/14165. ILP_BLOCK_SECONDS only guards against a runaway solve (noted when hit).
 ILP_NODES = 20
-ILP_BLOCK_SECONDS = 1.0
+ILP_BLOCK_ITERATIONS = 5000
+ILP_BLOCK_SECONDS = 60.0
 MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
 
 
@@ -268,16 +273,19 @@ def _compute_options(dag: Dag) -> _Computed:
     limited = 0
     if any(op.backward for op in dag.ops):
         deadline = time.perf_counter() + ILP_BLOCK_SECONDS
+        spent = 0
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
             left = deadline - time.perf_counter()
-            if left < 0.1:
-                notes.append(f"block ILPs stopped at {ILP_BLOCK_SECONDS:.0f} s, from {frac:.0%}")
+            if spent >= ILP_BLOCK_ITERATIONS or left < 0.1:
+                bound = f"{spent} simplex iterations" if left >= 0.1 else "its time guard"
+                notes.append(f"block ILPs stopped at {bound}, from {frac:.0%} kept")
                 break
             budget = top - int((1 - frac) * activations)
             result = solve_ilp(dag, budget, DEFAULT_SOLVER, left, node_limit=ILP_NODES)
             if result is None:
                 break
             limited += not result.optimal
+            spent += result.iterations
             if result.limit is not None and "s limit" in result.limit:
                 notes.append(f"the block ILP at {frac:.0%} stopped at its time limit")
             try:
@@ -313,7 +321,9 @@ def _dag_key(dag: Dag) -> str:
             return ("x", local.setdefault(v, len(local)))  # external: parameters, inputs
         return ("v", local.setdefault(v, len(local)), dag.sizes[v])
 
-    parts: list[object] = [(_CODE, GRID, ILP_NODES, ILP_BLOCK_SECONDS, MAX_STATES, DEFAULT_SOLVER)]
+    parts: list[object] = [
+        (_CODE, GRID, ILP_NODES, ILP_BLOCK_ITERATIONS, MAX_STATES, DEFAULT_SOLVER)
+    ]
     for op in dag.ops:
         parts.append((op.backward, f"{op.time:.6e}", [name(v) for v in op.inputs]))
         parts.append([name(v) for v in op.outputs])
