@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         models, reps, methods=methods, budgets=budgets, compile_backends=backends, console=console
     )
     print_tables(rows, console)
-    paths = write_results(rows, out, reps, log=console.print)
+    paths = write_results(rows, out, reps, log=lambda text: console.print(text, markup=False))
     console.print(
         f"wrote {', '.join(str(p) for p in paths.values())} in {time.perf_counter() - start:.0f} s"
     )

@@ -155,12 +155,17 @@ def test_main_rejects_bad_budgets(budgets, capsys):
     assert "--budgets" in capsys.readouterr().out
 
 
-def test_budgets_flag_picks_our_budgets(tmp_path):
+def test_budgets_flag_picks_our_budgets(tmp_path, monkeypatch, capsys):
+    """Also the command line of a plain install: without matplotlib it says, literally, which
+    extra brings the PNG."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "b"
     argv = ["--models", "gpt-tiny", "--methods", "rockmate", "--budgets", "0.6", "--no-compile"]
     assert compare.main([*argv, "--reps", "1", "--out", str(out)]) == 0
     keys = {r["key"] for r in csv.DictReader((out / "bench.csv").open())}
     assert "ours:rockmate@60%" in keys and "ours:rockmate@50%" not in keys
+    assert "needs matplotlib: pip install 'remat-studio[bench]'" in capsys.readouterr().out
+    assert not (out / "bench.png").exists()
 
 
 @pytest.mark.slow
