@@ -12,7 +12,7 @@ from helpers import SEED_BYTES
 
 import sample_models
 from app import cli
-from bench import MissingExtra, compare, report
+from bench import MissingExtra, compare, report, runtime
 from bench.app import bench_app
 from bench.solvers import cold_options
 
@@ -187,3 +187,14 @@ def test_quick_command_line(tmp_path, capsys):
             assert float(r["grad_error"]) == 0.0, r
     for ext in ("md", "csv", "png", "html"):
         assert (out / f"bench.{ext}").stat().st_size > 0
+
+
+def test_runtime_bench_prints_overhead_and_calibration(capsys):
+    """`remat bench --runtime` on the smallest model: one row, eager and planned milliseconds,
+    their ratio and the op-cost calibration (the figures themselves are timings, not checked)."""
+    assert runtime.main(["--models", "mlp-tiny", "--reps", "1", "--rounds", "1"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "mlp-tiny" and len(row) == 5
+    assert all(float(x) > 0 for x in row[1:])
+    with pytest.raises(SystemExit):
+        runtime.main(["--rounds", "-1"])
