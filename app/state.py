@@ -17,8 +17,8 @@ import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.figures import FATE_TEXT
 from core.errors import fmt_bytes
+from core.frontier import minimum_budget
 from core.solvers import available_methods
-from core.tradeoff import minimum_budget
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")

@@ -1,11 +1,11 @@
 """Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
 
 from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
+from core.frontier import tradeoff
 from core.problem import Problem, analyze
 from core.runtime import apply_plan
 from core.schedule import Plan, load_plan
 from core.solvers import parse_budget, solve
-from core.tradeoff import tradeoff
 
 __all__ = [
     "InfeasibleBudget",

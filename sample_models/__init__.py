@@ -4,7 +4,6 @@ Every preset in REGISTRY is a zero-argument builder returning ``(model, example_
 such that ``loss = model(*example_inputs); loss.backward()`` is one training step.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -146,7 +145,7 @@ def _two_tower(in_features, width, depth_a, depth_b, shared, batch, size) -> Pre
     return Preset(TwoTower, config, batch, desc)
 
 
-REGISTRY: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+REGISTRY: dict[str, Preset] = {
     "gpt-1layer": _gpt(1, 32, 2, vocab=64, seq=32, batch=2, size="1-layer"),
     "gpt-tiny": _gpt(2, 64, 2, vocab=256, seq=64, batch=4, size="tiny"),
     "gpt-small-6l": _gpt(6, 256, 4, vocab=4096, seq=256, batch=4, size="small"),

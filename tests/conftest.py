@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from app.bench import CHROMIUM_ARGS
+from bench.app import CHROMIUM_ARGS
 
 
 def pytest_configure(config: pytest.Config) -> None:

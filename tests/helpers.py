@@ -1,6 +1,10 @@
-"""Shared test helpers: eager reference steps and plan steps measured the same way."""
+"""Shared test helpers: eager reference steps and plan steps measured the same way, and the
+app served in a thread for the browser and load tests."""
 
 from __future__ import annotations
+
+import logging
+import threading
 
 import torch
 from torch import nn
@@ -40,3 +44,13 @@ def assert_same_grads(got: dict, want: dict) -> float:
         torch.testing.assert_close(got[name], want[name], msg=lambda m, n=name: f"{n}: {m}")
         worst = max(worst, (got[name] - want[name]).abs().max().item())
     return worst
+
+
+def serve_in_thread(app) -> tuple[str, object]:
+    """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, server)."""
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = make_server("127.0.0.1", 0, app.server, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_port}/", server

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import serve_in_thread
 from torch import nn
 
 import core
 from app import ids
-from app.bench import choose, serve_in_thread, slider_value, wait_ready
 from app.server import create_app
+from bench.app import choose, slider_value, wait_ready
 from core.errors import fmt_bytes
 
 pytestmark = pytest.mark.browser

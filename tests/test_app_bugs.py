@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers import serve_in_thread
 
 from app import figures, ids
-from app.bench import choose, serve_in_thread, wait_ready
 from app.server import create_app
+from bench.app import choose, wait_ready
 
 pytestmark = pytest.mark.browser
 

@@ -2,19 +2,24 @@
 
 import csv
 import math
+import os
 import statistics
+import sys
 
 import pytest
 import torch
 from helpers import SEED_BYTES
 
 import sample_models
-from core import bench
+from app import cli
+from bench import MissingExtra, compare, report, runtime
+from bench.app import bench_app
+from bench.solvers import cold_options
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return bench.run_bench(
+    return compare.run_bench(
         ["gpt-tiny"],
         reps=2,
         methods=("store_all", "checkpoint_blocks"),
@@ -66,7 +71,7 @@ def test_checkpointing_lowers_the_measured_peak(rows):
 
 
 def test_files_written(rows, tmp_path):
-    paths = bench.write_results(rows, tmp_path / "out", reps=2)
+    paths = report.write_results(rows, tmp_path / "out", reps=2)
     for ext in ("md", "csv", "png", "html"):
         assert paths[ext].exists() and paths[ext].stat().st_size > 0, ext
     md = paths["md"].read_text()
@@ -74,6 +79,37 @@ def test_files_written(rows, tmp_path):
     assert "eager" in md
     csv_lines = paths["csv"].read_text().splitlines()
     assert len(csv_lines) == len(rows) + 1
+
+
+def test_png_left_out_with_a_message_without_matplotlib(rows, tmp_path, monkeypatch):
+    """A plain install (no `bench` extra) writes every other file and says how to get the PNG."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    said: list[str] = []
+    paths = report.write_results(rows, tmp_path / "out", reps=2, log=said.append)
+    assert sorted(paths) == ["csv", "html", "md"]
+    assert all(p.stat().st_size > 0 for p in paths.values())
+    assert not (tmp_path / "out" / "bench.png").exists()
+    assert len(said) == 1 and "bench.png" in said[0] and "remat-studio[bench]" in said[0]
+
+
+def test_app_bench_without_playwright_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)
+    with pytest.raises(MissingExtra, match=r"remat-studio\[bench\]"):
+        bench_app()
+    assert cli.main(["bench", "--app"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: `remat bench --app` needs playwright") and "Traceback" not in err
+
+
+def test_cold_options_restores_the_cache_setting(monkeypatch):
+    monkeypatch.setenv("REMAT_CACHE", "/somewhere")
+    with cold_options():
+        assert os.environ["REMAT_CACHE"] == "off"
+    assert os.environ["REMAT_CACHE"] == "/somewhere"
+    monkeypatch.delenv("REMAT_CACHE")
+    with cold_options():
+        assert os.environ["REMAT_CACHE"] == "off"
+    assert "REMAT_CACHE" not in os.environ
 
 
 def test_find_blocks_picks_the_repeated_layers():
@@ -87,15 +123,15 @@ def test_find_blocks_picks_the_repeated_layers():
     }
     for name, cls in expected.items():
         model, _ = sample_models.build(name)
-        blocks = bench.find_blocks(model)
+        blocks = compare.find_blocks(model)
         assert len(blocks) >= 2, name
         assert {type(b).__name__ for b in blocks} == {cls}, name
 
 
 def test_patched_forward_is_restored():
     model, _ = sample_models.build("mlp-tiny")
-    blocks = bench.find_blocks(model)
-    with bench._patched_forward(blocks, bench._checkpointed):
+    blocks = compare.find_blocks(model)
+    with compare._patched_forward(blocks, compare._checkpointed):
         assert all("forward" in b.__dict__ for b in blocks)
     assert all("forward" not in b.__dict__ for b in blocks)
     x = torch.randn(2, model.config.in_features)
@@ -104,25 +140,32 @@ def test_patched_forward_is_restored():
 
 def test_pareto_front():
     pts = [(1.0, 1.0), (1.5, 0.5), (1.2, 1.1), (2.0, 0.5), (3.0, 0.2)]
-    assert bench.pareto(pts) == [0, 1, 4]
+    assert report.pareto(pts) == [0, 1, 4]
 
 
 def test_main_rejects_unknown_models(capsys):
-    assert bench.main(["--models", "nope", "--out", "/nonexistent"]) == 2
+    assert compare.main(["--models", "nope", "--out", "/nonexistent"]) == 2
 
 
 @pytest.mark.parametrize("budgets", ["half", "0.5,1.5", "0"])
 def test_main_rejects_bad_budgets(budgets, capsys):
-    assert bench.main(["--models", "gpt-tiny", "--budgets", budgets, "--out", "/nonexistent"]) == 2
+    assert (
+        compare.main(["--models", "gpt-tiny", "--budgets", budgets, "--out", "/nonexistent"]) == 2
+    )
     assert "--budgets" in capsys.readouterr().out
 
 
-def test_budgets_flag_picks_our_budgets(tmp_path):
+def test_budgets_flag_picks_our_budgets(tmp_path, monkeypatch, capsys):
+    """Also the command line of a plain install: without matplotlib it says, literally, which
+    extra brings the PNG."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "b"
     argv = ["--models", "gpt-tiny", "--methods", "rockmate", "--budgets", "0.6", "--no-compile"]
-    assert bench.main([*argv, "--reps", "1", "--out", str(out)]) == 0
+    assert compare.main([*argv, "--reps", "1", "--out", str(out)]) == 0
     keys = {r["key"] for r in csv.DictReader((out / "bench.csv").open())}
     assert "ours:rockmate@60%" in keys and "ours:rockmate@50%" not in keys
+    assert "needs matplotlib: pip install 'remat-studio[bench]'" in capsys.readouterr().out
+    assert not (out / "bench.png").exists()
 
 
 @pytest.mark.slow
@@ -130,7 +173,7 @@ def test_quick_command_line(tmp_path, capsys):
     """`remat bench --quick` as the issue asks: gpt-tiny and resnet-tiny, every strategy that
     runs without inductor, tables printed and files written (~30-60 s here)."""
     out = tmp_path / "quick"
-    assert bench.main(["--quick", "--reps", "1", "--out", str(out)]) == 0
+    assert compare.main(["--quick", "--reps", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "gpt-tiny" in printed and "resnet-tiny" in printed
     rows = list(csv.DictReader((out / "bench.csv").open()))
@@ -144,3 +187,14 @@ def test_quick_command_line(tmp_path, capsys):
             assert float(r["grad_error"]) == 0.0, r
     for ext in ("md", "csv", "png", "html"):
         assert (out / f"bench.{ext}").stat().st_size > 0
+
+
+def test_runtime_bench_prints_overhead_and_calibration(capsys):
+    """`remat bench --runtime` on the smallest model: one row, eager and planned milliseconds,
+    their ratio and the op-cost calibration (the figures themselves are timings, not checked)."""
+    assert runtime.main(["--models", "mlp-tiny", "--reps", "1", "--rounds", "1"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "mlp-tiny" and len(row) == 5
+    assert all(float(x) > 0 for x in row[1:])
+    with pytest.raises(SystemExit):
+        runtime.main(["--rounds", "-1"])

@@ -93,7 +93,7 @@ def test_wrong_example_inputs_are_an_unsupported_model_error():
 def _remat(*args: str, path: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [path, os.getcwd()])))
     return subprocess.run(
-        [sys.executable, "-m", "core.cli", *args],
+        [sys.executable, "-m", "app.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,9 +13,9 @@ import time
 import urllib.request
 
 import psutil
+from helpers import serve_in_thread
 
 from app import ids
-from app.bench import serve_in_thread
 from app.cache import PLANS, PROBLEMS
 from app.server import create_app
 

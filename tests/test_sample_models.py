@@ -6,7 +6,7 @@ from helpers import measured_step
 
 import core
 import sample_models
-from core.tradeoff import minimum_budget
+from core.frontier import minimum_budget
 from sample_models import REGISTRY, SMALL, build, describe, names
 
 BIG = {"gpt2-small", "resnet50", "vit-small", "regnet-small", "mlp"}

@@ -6,8 +6,8 @@ from helpers import SEED_BYTES
 
 import core
 from core.errors import InfeasibleBudget
+from core.frontier import minimum_budget
 from core.memory import StorageTracker, step_tensors
-from core.tradeoff import minimum_budget
 from sample_models import SMALL, build
 
 MODELS = [*SMALL, "gpt-1layer"]

@@ -1,4 +1,5 @@
-"""`remat`: inspect a model's chain, make and show plans, run benchmarks, serve the app."""
+"""`remat` (the console script): inspect a model's chain, make and show plans, run benchmarks
+(`bench/`), serve the app."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 import time
 import traceback
 
+from bench import MissingExtra
 from core.errors import RematError, fmt_bytes
 
 
@@ -20,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (RematError, ValueError, OSError) as e:
+    except (RematError, MissingExtra, ValueError, OSError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
@@ -62,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(run=_show)
 
     s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)", add_help=False)
-    s.add_argument("--runtime", action="store_true", help="runtime overhead of store_all vs eager")
+    s.add_argument(
+        "--runtime",
+        action="store_true",
+        help="runtime overhead of store_all vs eager, op-cost calibration",
+    )
     s.add_argument("--solvers", action="store_true", help="solver quality and speed")
     s.add_argument("--app", action="store_true", help="app slider latency in a browser")
     s.set_defaults(run=_bench)
@@ -174,24 +180,24 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     if "-h" in rest or "--help" in rest:
         print(
-            "remat bench --runtime | --solvers | --app: runtime overhead, solver quality and "
-            "speed, app latency.\nWithout those, the side-by-side benchmark:\n"
+            "remat bench --runtime | --solvers | --app: runtime overhead and op-cost calibration, "
+            "solver quality and speed, app latency.\nWithout those, the side-by-side benchmark:\n"
         )
     if args.runtime:
-        from core.overhead import main as runtime_main
+        from bench.runtime import main as runtime_main
 
         return runtime_main(rest)
     if args.solvers:
-        from core.tradeoff import bench_solvers
+        from bench.solvers import bench_solvers
 
         print(bench_solvers())
         return 0
     if args.app:
-        from app.bench import bench_app
+        from bench.app import bench_app
 
         print(bench_app())
         return 0
-    from core.bench import main as bench_main
+    from bench.compare import main as bench_main
 
     return bench_main(rest)
 

@@ -1,56 +1,38 @@
-"""The memory/time trade-off of a method, for the app's chart and `remat bench --solvers`."""
+"""`remat bench --solvers`: solver quality and speed on the sample models, block options cold."""
 
 from __future__ import annotations
 
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from unittest import mock
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import torch
+
+import core
 from core.errors import InfeasibleBudget
+from core.frontier import minimum_budget
 from core.problem import Problem
 from core.schedule import Plan
-from core.solvers import solve
-from core.solvers.rotor import chain_minimum
-
-CHAIN_METHODS = ("rotor", "rockmate")
+from core.solvers import checkmate, options, solve
+from sample_models import REGISTRY, build
 
 
-@dataclass(frozen=True)
-class TradeoffPoint:
-    budget: int  # bytes asked
-    predicted_peak: int  # bytes the chosen plan peaks at (never above budget)
-    overhead: float  # predicted time over store-all time
-
-
-def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
-    """The smallest budget (bytes) `method` can meet on this problem."""
-    if method in CHAIN_METHODS:
-        return chain_minimum(problem, method == "rockmate")
+@contextmanager
+def cold_options() -> Iterator[None]:
+    """Block options computed afresh inside: the on-disk cache off (`REMAT_CACHE=off`) and the
+    in-memory one cleared; the caller's REMAT_CACHE is restored after."""
+    before = os.environ.get("REMAT_CACHE")
+    os.environ["REMAT_CACHE"] = "off"
+    options.clear_memory_cache()
     try:
-        return solve(problem, 1, method).predicted_peak
-    except InfeasibleBudget as e:
-        return e.minimum
-
-
-def tradeoff(problem: Problem, method: str = "rockmate", points: int = 24) -> list[TradeoffPoint]:
-    """Evenly spaced budgets from the method's minimum to the store-all peak; at each, the
-    fastest plan found at or below it, so the predicted time never rises with the budget."""
-    low, high = minimum_budget(problem, method), problem.store_all_peak
-    budgets = sorted({low + (high - low) * i // max(points - 1, 1) for i in range(points)})
-    out: list[TradeoffPoint] = []
-    best: Plan | None = None
-    for b in budgets:
-        try:
-            plan = solve(problem, b, method)
-        except InfeasibleBudget:
-            plan = None
-        if plan is not None and (best is None or plan.predicted_time < best.predicted_time):
-            best = plan
-        if best is not None:
-            out.append(TradeoffPoint(b, best.predicted_peak, best.overhead))
-    return out
+        yield
+    finally:
+        if before is None:
+            del os.environ["REMAT_CACHE"]
+        else:
+            os.environ["REMAT_CACHE"] = before
 
 
 def bench_solvers(
@@ -68,14 +50,7 @@ def bench_solvers(
     incumbent and lower bound after `large_seconds` on larger ones; then gpt2-small's
     solver speed (analysed from the meta device: no weights are built). Block options are
     computed cold: the on-disk and in-memory option caches are off for the benchmark."""
-    import torch
-
-    import core
-    from core.solvers import checkmate, options, solve
-    from sample_models import REGISTRY, build
-
-    with mock.patch.dict(os.environ, {"REMAT_CACHE": "off"}):  # options computed cold
-        options.clear_memory_cache()
+    with cold_options():
         lines = []
         for name in models:
             model, inputs = build(name)
@@ -131,12 +106,12 @@ def bench_solvers(
             ours = solve(problem, f, "rockmate").overhead
             budget = int(f * problem.store_all_peak)
             try:
-                ref = _reference(
+                found = _reference(
                     *checkmate.solve_with_bound(problem, budget, time_limit=large_seconds)
                 )
             except InfeasibleBudget:
-                ref = "none found"
-            lines.append(f"  {name} at {f:.0%}, ILP {large_seconds:.0f} s: {ours:.3f} vs {ref}")
+                found = "none found"
+            lines.append(f"  {name} at {f:.0%}, ILP {large_seconds:.0f} s: {ours:.3f} vs {found}")
 
         preset = REGISTRY["gpt2-small"]
         with torch.device("meta"):

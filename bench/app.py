@@ -1,23 +1,24 @@
-"""Browser benchmark of the app: `remat bench --app` calls `bench_app()`.
+"""`remat bench --app`: the app's latency in headless Chromium, and the page-driving it needs.
 
-Measures, in headless Chromium, (1) opening the app on gpt-tiny to a usable page (timeline
-drawn) from the start of a `serve()` process (imports included), and (2) on gpt2-small, a budget-slider key press to
+Measures (1) opening the app on gpt-tiny to a usable page (timeline drawn) from the start of
+a `serve()` process (imports included), and (2) on gpt2-small, a budget-slider key press to
 the updated timeline painted (plotly's afterplot, then the next animation frame), median of
-`moves` presses. Needs Debian's chromium (`apt-get install chromium`) and playwright.
+`moves` presses. Needs playwright (the `bench` extra: `pip install '.[bench]'`) and Debian's
+chromium (`apt-get install chromium`). The browser tests drive pages with the same helpers.
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from bench import MissingExtra
 
 READY_JS = """() => { const g = document.querySelector('#timeline .js-plotly-plot');
   return !!(g && g.data && g.data.length > 3 && g.layout.meta && g.layout.meta.budget_pct); }"""
@@ -42,16 +43,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def serve_in_thread(app) -> tuple[str, object]:
-    """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, server)."""
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/", server
 
 
 def choose(page, dropdown_id: str, value: str) -> None:
@@ -83,8 +74,7 @@ def bench_app(
     and the moves are timed in the last while the others stay open.
     Returns {"open_s", "model", "analyse_s", "move_ms": [...], "median_ms", "method", "pages"}.
     """
-    from playwright.sync_api import sync_playwright
-
+    sync_playwright = _playwright()
     path = chromium or shutil.which("chromium") or "/usr/bin/chromium"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,6 +125,18 @@ def bench_app(
         server.terminate()
         server.wait(10)
     return result
+
+
+def _playwright():
+    """playwright's sync_playwright, or an error that says how to install it."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        raise MissingExtra(
+            "`remat bench --app` needs playwright: pip install 'remat-studio[bench]' "
+            "(and Debian's chromium: apt-get install chromium)"
+        ) from e
+    return sync_playwright
 
 
 def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
