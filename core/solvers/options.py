@@ -44,8 +44,12 @@ GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, a
 # iterations per grid point): gpt-tiny's layer (55 ops) 0.19/518, 0.29/389, 2.1/6478,
 # 2.0/25160, 2.9/43721; a 12-layer HF GPT-2's (73 ops) 0.12/347, 0.47/729, 0.62/1090,
 # 3.2/14165. ILP_BLOCK_SECONDS only guards against a runaway solve (noted when hit).
+# The ILP has a variable per (backward op, forward op) pair: blocks above ILP_MAX_OPS ops (an
+# HF T5 decoder layer with cross-attention, 306 ops: 46 s for two budgets) take their options
+# from the keep-set search alone, and the plan says so.
 ILP_NODES = 20
 ILP_BLOCK_ITERATIONS = 5000
+ILP_MAX_OPS = 128
 ILP_BLOCK_SECONDS = 60.0
 MEMORY_ENTRIES = 512  # block shapes whose option run lists this process keeps
 
@@ -271,7 +275,9 @@ def _compute_options(dag: Dag) -> _Computed:
     found = [full, *search.options(full)]
     notes = [f"keep-set search stopped at {search.max_states} states"] if search.bounded else []
     limited = 0
-    if any(op.backward for op in dag.ops):
+    if len(dag.ops) > ILP_MAX_OPS:
+        notes.append(f"no block ILP above {ILP_MAX_OPS} ops")
+    elif any(op.backward for op in dag.ops):
         deadline = time.perf_counter() + ILP_BLOCK_SECONDS
         spent = 0
         for frac in GRID:  # of the activations kept by store-all: gradients cannot shrink
