@@ -24,6 +24,13 @@ from core.interpret import resolve, run_node
 from core.simulator import Link
 from core.trace import AtenNode, Ref, Trace
 
+# Host links, measured by others (see the notes on offloading): PCIe 4 x16 about 25 GB/s each
+# way (A100, ZaidQureshi/bam #54; RTX 4090 pinned 24.7 GB/s, efeslab/fiddler #7); H100 over
+# PCIe 5, nvbandwidth SM copies: H2D 35 GB/s, D2H 52.8 GB/s (NVIDIA/nvbandwidth #24); V100
+# over PCIe 3, POFO's testbed: 12 GB/s. CPU: a host copy is a memcpy, reading and writing each
+# byte once, at the 35 GB/s of traffic measured below, hence 17.5 GB/s.
+PCIE4 = Link(d2h=25e9, h2d=25e9)
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -52,12 +59,6 @@ class DeviceSpec:
 # `flops` is plain fp32 (PyTorch leaves TF32 matmuls off by default), `half_flops` the fp16/bf16
 # tensor-core rate (RTX 4090: with fp32 accumulate). Launch: ~5 us of eager dispatch per kernel.
 _C, _B = 0.7, 0.8
-# Host links, measured by others (see the notes on offloading): PCIe 4 x16 about 25 GB/s each
-# way (A100, ZaidQureshi/bam #54; RTX 4090 pinned 24.7 GB/s, efeslab/fiddler #7); H100 over
-# PCIe 5, nvbandwidth SM copies: H2D 35 GB/s, D2H 52.8 GB/s (NVIDIA/nvbandwidth #24); V100
-# over PCIe 3, POFO's testbed: 12 GB/s. CPU: a host copy is a memcpy, reading and writing each
-# byte once, at the 35 GB/s of traffic measured above, hence 17.5 GB/s.
-PCIE4 = Link(d2h=25e9, h2d=25e9)
 DEVICES: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec(
         "cpu",

@@ -180,10 +180,10 @@ class _Program:
                 if mode != _SKIP:
                     items.append((calls[n], calls[n].fast(), mode, node.random))
             drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
-            work = None
+            copies_done = None
             if i in released or i in unparked:
-                work = _HostWork(tuple(released.get(i, ())), tuple(unparked.get(i, ())))
-            compiled.append(_Instr(tuple(items), drop, work))
+                copies_done = _HostWork(tuple(released.get(i, ())), tuple(unparked.get(i, ())))
+            compiled.append(_Instr(tuple(items), drop, copies_done))
         if plan.backward_start >= len(plan.program):
             split = len(compiled)
         # trace nodes the step's tensors bind to: parameters, state, then inputs

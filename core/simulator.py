@@ -222,6 +222,7 @@ def walk(
     transfers: list[Transfer] = []
     host_steps: list[int] = []
     host_opened: dict[int, int] = {}
+    leaving: dict[int, int] = {}  # offloaded value -> step its device copy opened (recorded)
     host_intervals: dict[int, list[tuple[int, int]]] = {}
 
     size = sizes.get  # the solvers' searches walk thousands of programs: keep this loop lean
@@ -246,8 +247,9 @@ def walk(
             transfers[k] = Transfer(t.kind, t.value, t.step, t.start, t.end, step)
             if t.kind == OFFLOAD:
                 now -= size(v, 0)
-                if record:
-                    closes(v, step)
+                if record:  # the copy that left: its span opened where it was produced
+                    intervals.setdefault(v, []).append((leaving.pop(v), step))
+                    totals[column.get(v, 0) if column else 0] -= size(v, 0)
             else:
                 host -= size(v, 0)
                 if record:
@@ -332,6 +334,7 @@ def walk(
                 host += nbytes
                 if record:
                     host_opened[target] = i
+                    leaving[target] = opened.pop(target)
             else:
                 if target not in parked:
                     why = "was prefetched already" if target in sent else "was never offloaded"
@@ -366,6 +369,8 @@ def walk(
         live.update(arriving)
     if record:
         for v, start_step in opened.items():
+            intervals.setdefault(v, []).append((start_step, len(program)))
+        for v, start_step in leaving.items():
             intervals.setdefault(v, []).append((start_step, len(program)))
         for v, start_step in host_opened.items():
             host_intervals.setdefault(v, []).append((start_step, len(program)))
