@@ -11,7 +11,17 @@ import core
 from core.errors import InfeasibleBudget, PlanFileError
 from core.runtime import PlannedModule
 from core.schedule import Plan, store_all_plan
-from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, DagOp, InvalidPlan, Link, walk
+from core.simulator import (
+    FREE,
+    OFFLOAD,
+    PREFETCH,
+    RUN,
+    DagOp,
+    InvalidPlan,
+    Link,
+    program_from_runs,
+    walk,
+)
 from core.solvers.offload import MIN_BYTES, with_transfer
 from core.validate import check_program
 from sample_models import SMALL
@@ -279,3 +289,85 @@ def test_arena_lifetimes_follow_transfers(gpt):
         placed = sum(p.size for p in layout.placements if p.first <= step.index <= p.last)
         assert placed == step.live, step
     assert layout.size >= sim.peak
+
+
+# --------------------------------------------------------------------------- random programs
+
+
+def reference(ops, program, sizes, link):
+    """The two-lane model re-derived in two passes, as a check on `walk`: first every
+    instruction's times, then each storage copy's lifetime in steps from those times."""
+    clock = lane = stall = 0.0
+    starts: dict[int, float] = {}  # run step -> start
+    copy_end: dict[int, float] = {}  # transfer step -> copy done
+    ready: dict[int, float] = {}
+    for i, (kind, target) in enumerate(program):
+        if kind == RUN:
+            start = max([clock] + [ready.pop(v) for v in ops[target].inputs if v in ready])
+            stall += start - clock
+            starts[i], clock = start, start + ops[target].time
+        elif kind in (OFFLOAD, PREFETCH):
+            rate = link.d2h if kind == OFFLOAD else link.h2d
+            lane = copy_end[i] = max(lane, clock) + sizes[target] / rate
+            if kind == PREFETCH:
+                ready[target] = lane
+
+    def done_by(i: int) -> int:  # the first run starting once copy i is done
+        return next((j for j in sorted(starts) if j > i and starts[j] >= copy_end[i]), None)
+
+    device = [0] * len(program)
+    host = [0] * len(program)
+    born: dict[int, int] = {}
+
+    def add(counts, v, first, last):  # bytes of v live after steps first..last-1
+        for s in range(first, len(program) if last is None else last):
+            counts[s] += sizes[v]
+
+    for i, (kind, target) in enumerate(program):
+        if kind == RUN:
+            for v in ops[target].outputs:
+                born[v] = i
+        elif kind == FREE:
+            add(device, target, born.pop(target), i)
+        elif kind == OFFLOAD:
+            add(device, target, born.pop(target), done_by(i))
+            host_from = i
+        else:
+            prefetch = i
+            add(host, target, host_from, done_by(prefetch))
+            born[target] = i
+    for v, first in born.items():
+        add(device, v, first, None)
+    return max(clock, lane), stall, device, host
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_walk_agrees_with_a_two_pass_reference_on_random_programs(seed):
+    """A chain of n layers, its store-all program, one random activation offloaded at a random
+    point after its last forward read and prefetched at a random point before its reader."""
+    import random
+
+    rnd = random.Random(seed)
+    n = rnd.randint(2, 5)
+    ops = [DagOp((i,), (i + 1,), rnd.uniform(0.5, 2), False) for i in range(n)]  # a_1..a_n
+    ops.append(DagOp((n,), (n + 1,), 1.0, True))  # g_n
+    for i in range(n - 1, 0, -1):  # g_i reads a_i and g_{i+1}
+        ops.append(DagOp((i, n + 1 + (n - i - 1)), (n + 1 + (n - i),), rnd.uniform(0.5, 2), True))
+    sizes = {v: rnd.randint(1, 50) for v in range(1, 2 * n + 1)}
+    final = frozenset({2 * n})
+    program, start = program_from_runs(ops, list(range(len(ops))), n, final)
+    v = rnd.randint(1, n - 1)  # a_v, read by g_v
+    last = program.index((RUN, v))  # a_v's last forward read: layer v + 1
+    reader = program.index((RUN, len(ops) - v))
+    off = rnd.randint(last + 1, start)
+    pre = rnd.randint(off + 1, reader + 1)
+    program = program[:off] + [(OFFLOAD, v)] + program[off : pre - 1] + [(PREFETCH, v)]
+    program += program_from_runs(ops, list(range(len(ops))), n, final)[0][pre - 1 :]
+    start += 1 + (pre - 1 <= start)
+    link = Link(rnd.uniform(5, 100), rnd.uniform(5, 100))
+    walked = walk(ops, program, start, sizes, final=final, record=True, link=link)
+    time, stall, device, host = reference(ops, program, sizes, link)
+    assert walked.time == pytest.approx(time) and walked.stall == pytest.approx(stall)
+    assert [c[0] for c in walked.columns] == device
+    assert walked.host == host
+    assert walked.peak == max(device[:start] + device[start:])
