@@ -105,6 +105,8 @@ class _Host:
             self.parked -= self.views.pop(v)[0]
         if w.transfer == OFFLOAD:
             nodes = [n for n in w.nodes if n in env]
+            if not nodes:  # the simulator checked the program: a runtime bug if it happens
+                raise RuntimeError(f"offload of value {w.value}: no tensor holds it")
             storage = env[nodes[0]].untyped_storage()
             to_host(self.pool, w.slot, storage)
             views = [

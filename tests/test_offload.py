@@ -371,3 +371,38 @@ def test_walk_agrees_with_a_two_pass_reference_on_random_programs(seed):
     assert [c[0] for c in walked.columns] == device
     assert walked.host == host
     assert walked.peak == max(device[:start] + device[start:])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_host_slots_never_overlap_while_parked(seed):
+    """Random offload/prefetch spans: two copies parked at the same time get disjoint bytes of
+    the pool; copies parked last-in first-out (a forward then its backward) pack tightly."""
+    import random
+
+    from core.simulator import Transfer, host_layout
+
+    rnd = random.Random(seed)
+    sizes = {v: rnd.randint(1, 100) for v in range(8)}
+    events = []  # (step, kind, value): each value out once, back later (or never)
+    step = 0
+    for v in rnd.sample(range(8), 8):
+        events.append((step, OFFLOAD, v))
+        step += rnd.randint(1, 3)
+    for v in rnd.sample(range(8), rnd.randint(0, 8)):
+        events.append((step, PREFETCH, v))
+        step += rnd.randint(1, 3)
+    transfers = [Transfer(k, v, s, 0.0, 0.0, s + 1 if k == PREFETCH else -1) for s, k, v in events]
+    slots = host_layout(transfers, sizes, step)
+    span = {v: [s, step] for s, k, v in events if k == OFFLOAD}
+    for s, k, v in events:
+        if k == PREFETCH:
+            span[v][1] = s + 1
+    where = {v: slots[s] for s, k, v in events if k == OFFLOAD}
+    for a in range(8):
+        for b in range(a):
+            if span[a][0] < span[b][1] and span[b][0] < span[a][1]:  # parked together
+                assert where[a] + sizes[a] <= where[b] or where[b] + sizes[b] <= where[a]
+    stack = [Transfer(OFFLOAD, v, v, 0.0, 0.0, -1) for v in range(8)]
+    stack += [Transfer(PREFETCH, v, 20 - v, 0.0, 0.0, 21 - v) for v in reversed(range(8))]
+    lifo = host_layout(stack, sizes, 30)
+    assert max(lifo[v] + sizes[v] for v in range(8)) == sum(sizes.values())
