@@ -84,8 +84,9 @@ class _Host:
 
     def __init__(self, nbytes: int) -> None:
         self.pool = host_pool(nbytes)
-        self.leaving: dict[int, list[torch.Tensor]] = {}
-        self.views: dict[int, tuple[int, torch.device, list[tuple]]] = {}  # v -> bytes, where
+        # per value, oldest first (one lane: copies are done in the order they were issued)
+        self.leaving: dict[int, list[list[torch.Tensor]]] = {}  # device copies going out
+        self.views: dict[int, list[tuple[int, torch.device, list[tuple]]]] = {}  # parked
         self.parked = 0  # bytes parked now
         self.peak = 0
 
@@ -93,16 +94,16 @@ class _Host:
         """An independent copy, for a backward that may run again (retain_graph)."""
         other = _Host(0)
         other.pool = self.pool.clone()
-        other.leaving = {v: list(ts) for v, ts in self.leaving.items()}
-        other.views = dict(self.views)
+        other.leaving = {v: [list(ts) for ts in copies] for v, copies in self.leaving.items()}
+        other.views = {v: list(parked) for v, parked in self.views.items()}
         other.parked, other.peak = self.parked, self.peak
         return other
 
     def work(self, w: _HostWork, env: dict[int, Any]) -> None:
         for v in w.release:
-            self.leaving.pop(v, None)  # the device storage goes with its last reference
+            self.leaving[v].pop(0)  # the device storage goes with its last reference
         for v in w.unpark:
-            self.parked -= self.views.pop(v)[0]
+            self.parked -= self.views[v].pop(0)[0]
         if w.transfer == OFFLOAD:
             nodes = [n for n in w.nodes if n in env]
             if not nodes:  # the simulator checked the program: a runtime bug if it happens
@@ -114,12 +115,12 @@ class _Host:
                 for n in nodes
                 for t in (env[n],)
             ]
-            self.views[w.value] = (storage.nbytes(), storage.device, views)
-            self.leaving[w.value] = [env.pop(n) for n in nodes]
+            self.views.setdefault(w.value, []).append((storage.nbytes(), storage.device, views))
+            self.leaving.setdefault(w.value, []).append([env.pop(n) for n in nodes])
             self.parked += storage.nbytes()
             self.peak = max(self.peak, self.parked)
         elif w.transfer == PREFETCH:
-            nbytes, device, views = self.views[w.value]
+            nbytes, device, views = self.views[w.value][-1]  # its latest offload
             data = torch.empty(nbytes, dtype=torch.uint8, device=device)  # device memory
             from_host(data, self.pool, w.slot)
             storage = data.untyped_storage()

@@ -163,7 +163,6 @@ class Walk:
     )  # value -> [start, end)
     op_steps: dict[int, list[int]] = field(default_factory=dict)  # op -> steps that run it
     host: list[int] = field(default_factory=list)  # host bytes after each step
-    host_intervals: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def walk(
@@ -221,9 +220,7 @@ def walk(
     releasing: list[tuple[float, int, int]] = []  # (copy done, transfer index, value)
     transfers: list[Transfer] = []
     host_steps: list[int] = []
-    host_opened: dict[int, int] = {}
-    leaving: dict[int, int] = {}  # offloaded value -> step its device copy opened (recorded)
-    host_intervals: dict[int, list[tuple[int, int]]] = {}
+    leaving: dict[int, list[int]] = {}  # offloaded value -> steps its leaving copies opened
 
     size = sizes.get  # the solvers' searches walk thousands of programs: keep this loop lean
 
@@ -247,13 +244,11 @@ def walk(
             transfers[k] = Transfer(t.kind, t.value, t.step, t.start, t.end, step)
             if t.kind == OFFLOAD:
                 now -= size(v, 0)
-                if record:  # the copy that left: its span opened where it was produced
-                    intervals.setdefault(v, []).append((leaving.pop(v), step))
+                if record:  # the copy that left (the oldest: one lane, copies done in order)
+                    intervals.setdefault(v, []).append((leaving[v].pop(0), step))
                     totals[column.get(v, 0) if column else 0] -= size(v, 0)
             else:
                 host -= size(v, 0)
-                if record:
-                    host_intervals.setdefault(v, []).append((host_opened.pop(v), step))
 
     for i, (kind, target) in enumerate(program):
         if i == backward_start:
@@ -333,8 +328,7 @@ def walk(
                 sent.add(target)
                 host += nbytes
                 if record:
-                    host_opened[target] = i
-                    leaving[target] = opened.pop(target)
+                    leaving.setdefault(target, []).append(opened.pop(target))
             else:
                 if target not in parked:
                     why = "was prefetched already" if target in sent else "was never offloaded"
@@ -370,10 +364,8 @@ def walk(
     if record:
         for v, start_step in opened.items():
             intervals.setdefault(v, []).append((start_step, len(program)))
-        for v, start_step in leaving.items():
-            intervals.setdefault(v, []).append((start_step, len(program)))
-        for v, start_step in host_opened.items():
-            host_intervals.setdefault(v, []).append((start_step, len(program)))
+        for v, starts in leaving.items():
+            intervals.setdefault(v, []).extend((first, len(program)) for first in starts)
     return Walk(
         max(peak, b_start),
         peak_step,
@@ -392,7 +384,6 @@ def walk(
         intervals,
         op_steps,
         host_steps,
-        host_intervals,
     )
 
 

@@ -435,3 +435,35 @@ def test_every_subset_of_offloads_runs_exactly_as_predicted(gpt):
             assert_same_grads(grads, eager_grads)
             assert peak == plan.predicted_peak + SEED_BYTES, chosen
             assert run.host_peak == plan.predicted_host_bytes, chosen
+
+
+def test_a_value_offloaded_twice_while_its_first_copies_are_still_running():
+    """a goes out, comes back and goes out again before the first copies are done: the
+    device and host copies are released oldest first, as the reference says."""
+    program = [(RUN, 0), (RUN, 1), (OFFLOAD, 1), (PREFETCH, 1), (OFFLOAD, 1), (RUN, 2)]
+    program += [(RUN, 3), (FREE, 2), (PREFETCH, 1), (RUN, 4), (FREE, 1), (FREE, 4)]
+    link = Link(d2h=4.0, h2d=8.0)
+    walked = walk(OPS, program, 6, SIZES, final=FINAL, record=True, link=link)
+    time, stall, device, host = reference(OPS, program, SIZES, link)
+    assert walked.time == pytest.approx(time) and walked.stall == pytest.approx(stall)
+    assert [c[0] for c in walked.columns] == device
+    assert walked.host == host
+    assert max(host) == 20  # both copies parked at once
+
+
+def test_a_value_offloaded_twice_runs_as_predicted(gpt):
+    model, inputs, problem = gpt
+    plan = forced(problem, store_all_plan(problem), 1)
+    i = next(i for i, (kind, _) in enumerate(plan.program) if kind == PREFETCH)
+    v = plan.program[i][1]
+    program = plan.program[: i + 1] + [(OFFLOAD, v), (PREFETCH, v)] + plan.program[i + 1 :]
+    start = plan.backward_start + 2 * (i < plan.backward_start)
+    twice = Plan(program, start, "twice", 0, problem.fingerprint, problem=problem)
+    sim = check_program(twice, problem)
+    assert len(sim.transfers) == 4
+    _, _, eager_grads = measured_step(model, inputs, seed=4)
+    run = core.apply_plan(model, twice)
+    peak, _, grads = measured_step(model, inputs, seed=4, run=run)
+    assert_same_grads(grads, eager_grads)
+    assert peak == twice.predicted_peak + SEED_BYTES
+    assert run.host_peak == twice.predicted_host_bytes == sim.host_peak
