@@ -467,3 +467,17 @@ def test_a_value_offloaded_twice_runs_as_predicted(gpt):
     assert_same_grads(grads, eager_grads)
     assert peak == twice.predicted_peak + SEED_BYTES
     assert run.host_peak == twice.predicted_host_bytes == sim.host_peak
+
+
+def test_a_solved_vit_plan_offloads_and_runs_as_predicted():
+    model, inputs = fresh("vit-tiny")
+    problem = core.analyze(model, inputs)
+    plan = core.solve(problem, 0.75, "offload")
+    assert plan.predicted_host_bytes > 0
+    assert plan.predicted_time <= core.solve(problem, 0.75, "rockmate").predicted_time
+    _, _, eager_grads = measured_step(model, inputs, seed=6)
+    run = core.apply_plan(model, plan)
+    peak, _, grads = measured_step(model, inputs, seed=6, run=run)
+    assert_same_grads(grads, eager_grads)
+    assert peak == plan.predicted_peak + SEED_BYTES
+    assert run.host_peak == plan.predicted_host_bytes
