@@ -154,6 +154,13 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
         f"store-all), overhead {plan.overhead - 1:+.1%}, {plan.recomputed_ops} recomputed ops; "
         f"solved in {plan.solve_seconds:.2f} s; written to {args.output}"
     )
+    if plan.predicted_host_bytes:
+        sim = plan.simulate()
+        print(
+            f"  offloads {sum(t.kind == 'offload' for t in sim.transfers)} values: at most "
+            f"{fmt_bytes(sim.host_peak)} on the host (pool {fmt_bytes(sim.host_pool)}), "
+            f"compute waits {sim.stall * 1e3:.2f} ms for prefetches"
+        )
     return 0
 
 
@@ -162,12 +169,14 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
 
     plan = core.load_plan(args.path)
     runs = sum(1 for k, _ in plan.program if k == "run")
+    moved = sum(1 for k, _ in plan.program if k == "offload")
     meta = plan.graph_meta
     print(
         f"plan {args.path}: method {plan.method}, budget {fmt_bytes(plan.budget)}\n"
         f"  recorded prediction: peak {fmt_bytes(plan.predicted_peak)}, overhead "
         f"{plan.overhead - 1:+.1%} (apply_plan recomputes both and checks the program)\n"
-        f"  program: {len(plan.program)} instructions ({runs} op runs), backward from "
+        f"  program: {len(plan.program)} instructions ({runs} op runs, {moved} offloads), "
+        "backward from "
         f"{plan.backward_start}\n"
         f"  for a graph of {meta.get('n_nodes')} ATen nodes, {len(meta.get('params', []))} "
         f"parameters, inputs {meta.get('inputs')}"

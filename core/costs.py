@@ -13,7 +13,7 @@ import operator
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +21,15 @@ from torch.utils.flop_counter import flop_registry
 
 from core.graph import Graph, Op
 from core.interpret import resolve, run_node
+from core.simulator import Link
 from core.trace import AtenNode, Ref, Trace
+
+# Host links, measured by others (see the notes on offloading): PCIe 4 x16 about 25 GB/s each
+# way (A100, ZaidQureshi/bam #54; RTX 4090 pinned 24.7 GB/s, efeslab/fiddler #7); H100 over
+# PCIe 5, nvbandwidth SM copies: H2D 35 GB/s, D2H 52.8 GB/s (NVIDIA/nvbandwidth #24); V100
+# over PCIe 3, POFO's testbed: 12 GB/s. CPU: a host copy is a memcpy, reading and writing each
+# byte once, at the 35 GB/s of traffic measured below, hence 17.5 GB/s.
+PCIE4 = Link(d2h=25e9, h2d=25e9)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class DeviceSpec:
     # (CPU: glibc serves them with a fresh mmap, so every step pays the page faults again).
     fresh_bandwidth: float = math.inf
     fresh_threshold: int = 0
+    link: Link = field(default_factory=lambda: PCIE4)  # host link: offloads and prefetches
 
 
 # "cpu": this machine (AMD EPYC, 2 cores, torch 2.13.0+cpu), 1 thread, measured on 2026-11-21
@@ -58,18 +67,43 @@ DEVICES: dict[str, DeviceSpec] = {
         launch=4e-6,
         fresh_bandwidth=1.8e9,
         fresh_threshold=32 << 20,
+        link=Link(d2h=17.5e9, h2d=17.5e9),
     ),
     # A100 SXM4 80 GB: 19.5 TFLOP/s fp32, 312 bf16, HBM2e 2,039 GB/s.
-    "a100": DeviceSpec("a100", 19.5e12 * _C, 2039e9 * _B, 5e-6, half_flops=312e12 * _C),
+    "a100": DeviceSpec("a100", 19.5e12 * _C, 2039e9 * _B, 5e-6, half_flops=312e12 * _C, link=PCIE4),
     # H100 SXM5 80 GB: 67 TFLOP/s fp32, 989 bf16, HBM3 3,350 GB/s.
-    "h100": DeviceSpec("h100", 67e12 * _C, 3350e9 * _B, 5e-6, half_flops=989e12 * _C),
+    "h100": DeviceSpec(
+        "h100",
+        67e12 * _C,
+        3350e9 * _B,
+        5e-6,
+        half_flops=989e12 * _C,
+        link=Link(d2h=52.8e9, h2d=35e9),
+    ),
     # V100 SXM2 32 GB: 15.7 TFLOP/s fp32, 125 fp16 tensor, HBM2 900 GB/s.
-    "v100": DeviceSpec("v100", 15.7e12 * _C, 900e9 * _B, 5e-6, half_flops=125e12 * _C),
+    "v100": DeviceSpec(
+        "v100", 15.7e12 * _C, 900e9 * _B, 5e-6, half_flops=125e12 * _C, link=Link(12e9, 12e9)
+    ),
     # RTX 4090: 82.6 TFLOP/s fp32, 165.2 fp16 tensor (fp32 accumulate), GDDR6X 1,008 GB/s.
-    "rtx4090": DeviceSpec("rtx4090", 82.6e12 * _C, 1008e9 * _B, 5e-6, half_flops=165.2e12 * _C),
+    "rtx4090": DeviceSpec(
+        "rtx4090",
+        82.6e12 * _C,
+        1008e9 * _B,
+        5e-6,
+        half_flops=165.2e12 * _C,
+        link=Link(24.7e9, 24.7e9),
+    ),
 }
 
 MODELS = ("estimated", "measured")
+
+
+def host_link(cost_model: str) -> Link:
+    """The host link of a problem's cost model ("estimated:h100", "measured:cpu"): its
+    device preset's, or PCIe 4 x16 for a device without one (a measured CUDA device)."""
+    spec = DEVICES.get(cost_model.partition(":")[2])
+    return spec.link if spec is not None else PCIE4
+
 
 # Repeats of one op stop once its runs add up to this many seconds: huge ops need no median.
 _TIME_BUDGET = 0.5

@@ -20,7 +20,7 @@ import numpy as np
 
 from core.graph import Graph
 from core.schedule import Plan
-from core.simulator import Step
+from core.simulator import OFFLOAD, PREFETCH, RUN, Step, Transfer
 
 
 @dataclass(frozen=True)
@@ -48,18 +48,25 @@ class Arena:
         return self.size / self.live_peak if self.live_peak else 1.0
 
 
-def lifetimes(graph: Graph, timeline: Sequence[Step]) -> list[tuple[int, int, int, int]]:
-    """(value, bytes, first step, last step) of every storage copy the timeline allocates."""
+def lifetimes(
+    graph: Graph, timeline: Sequence[Step], transfers: Sequence[Transfer] = ()
+) -> list[tuple[int, int, int, int]]:
+    """(value, bytes, first step, last step) of every storage copy the timeline allocates: a
+    prefetch allocates one, an offloaded copy lives until its copy out is done (`transfers`)."""
+    end = len(timeline) - 1
+    released = {t.step: t.release - 1 if t.release >= 0 else end for t in transfers}
     start: dict[int, int] = {}
     out = []
     for step in timeline:
-        if step.kind == "run":
+        if step.kind == RUN:
             for v in graph.ops[step.target].outputs:
                 start[v] = step.index
+        elif step.kind == PREFETCH:
+            start[step.target] = step.index
         else:
             v = step.target
-            out.append((v, graph.values[v].nbytes, start.pop(v), step.index - 1))
-    end = len(timeline) - 1
+            last = released[step.index] if step.kind == OFFLOAD else step.index - 1
+            out.append((v, graph.values[v].nbytes, start.pop(v), last))
     out += [(v, graph.values[v].nbytes, first, end) for v, first in start.items()]
     return [item for item in out if item[1] > 0]
 
@@ -99,6 +106,7 @@ def assign_offsets(
 def arena(plan: Plan, alignment: int = 1) -> Arena:
     """The plan's storages laid out in one arena (see the module docstring)."""
     sim = plan.simulate()
-    placements = assign_offsets(lifetimes(plan._attached().graph, sim.timeline), alignment)
+    graph = plan._attached().graph
+    placements = assign_offsets(lifetimes(graph, sim.timeline, sim.transfers), alignment)
     size = max((p.offset + p.size for p in placements), default=0)
     return Arena(placements, size, sim.peak)

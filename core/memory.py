@@ -4,7 +4,14 @@ A `TorchDispatchMode` sees every ATen op; each output storage not seen before (a
 the pre-existing tensors: parameters, inputs) is added to the live total and removed when
 PyTorch frees it (`weakref.finalize`). On CPU this matched `torch.profiler`'s memory profile
 exactly for a GPT; on CUDA, `torch.cuda.max_memory_allocated` is the reference instead.
-Uses private PyTorch APIs: `TorchDispatchMode`, pytree's `tree_leaves` and storage `_cdata`.
+
+Host memory is not device memory: an offloading plan parks storages in a host pool that
+`host_pool` allocates, and `to_host` / `from_host` copy into and out of it, all outside every
+dispatch mode, so the tracker never sees the pool (on CPU, where host and device are the same
+memory, this is what keeps the pool out of the device peak, deliberately). The copy back lands
+in a device storage the caller allocates, inside the modes, so that one is counted.
+Uses private PyTorch APIs: `TorchDispatchMode`, `_disable_current_modes`, pytree's
+`tree_leaves` and storage `_cdata`.
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import weakref
 from collections.abc import Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 
 class StorageTracker(TorchDispatchMode):
     """`with StorageTracker(existing) as t: step()`; then `t.peak` is the step's peak in bytes
-    beyond the storages of `existing` (parameters, buffers, inputs, grads already there)."""
+    beyond the storages of `existing` (parameters, buffers, inputs, grads already there).
+    It counts the outputs of ops dispatched while it is active, so never the host pool."""
 
     def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -54,3 +62,22 @@ def step_tensors(model: torch.nn.Module, inputs: Iterable[torch.Tensor]) -> list
     out = list(model.parameters()) + list(model.buffers()) + list(inputs)
     out += [p.grad for p in model.parameters() if p.grad is not None]
     return out
+
+
+def host_pool(nbytes: int) -> torch.Tensor:
+    """A host buffer of `nbytes` (uint8), allocated where no tracker sees it: host memory."""
+    with _disable_current_modes():
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def to_host(pool: torch.Tensor, offset: int, storage: torch.UntypedStorage) -> None:
+    """Copy every byte of `storage` into `pool` at `offset`, unseen by any tracker."""
+    with _disable_current_modes():
+        src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        pool[offset : offset + src.numel()].copy_(src)
+
+
+def from_host(dst: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
+    """Copy `dst.numel()` bytes of `pool` from `offset` into `dst` (uint8, on the device)."""
+    with _disable_current_modes():
+        dst.copy_(pool[offset : offset + dst.numel()])

@@ -26,7 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from core.errors import PlanFileError
-from core.simulator import FREE, RUN
+from core.simulator import KINDS
 
 FORMAT = "remat-studio-plan"
 VERSION = 1
@@ -237,10 +237,13 @@ def check_data(data: Any, name: str = "plan") -> None:
         if (
             not isinstance(ins, (list, tuple))
             or len(ins) != 2
-            or ins[0] not in (RUN, FREE)
+            or ins[0] not in KINDS
             or not _is_int(ins[1], 0, MAX_DIM)
         ):
-            raise bad(f"program step {i}", f"is not [run|free, index] ({str(ins)[:60]})")
+            raise bad(
+                f"program step {i}",
+                f"is not [run|free|offload|prefetch, index] ({str(ins)[:60]})",
+            )
     backward_start = data["backward_start"]
     if not _is_int(backward_start, 1, len(program) - 1):
         raise bad("backward_start", f"must lie inside the program (1..{len(program) - 1})")

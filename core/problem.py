@@ -16,7 +16,7 @@ from core import costs as cost_models
 from core.blocks import Block, constant_ops, find_blocks
 from core.errors import UnsupportedModel
 from core.graph import Graph, build_graph
-from core.simulator import simulate, store_all_program
+from core.simulator import Link, simulate, store_all_program
 from core.trace import capture, fingerprint, graph_meta
 
 Progress = Callable[[str, float], None]  # (stage description, fraction done)
@@ -44,6 +44,11 @@ class Problem:
     def constant_ops(self) -> tuple[int, ...]:
         """Step constants (masks, position ids, rotary tables): in no block, run first."""
         return constant_ops(self.graph)
+
+    @property
+    def link(self) -> Link:
+        """The host link offloads and prefetches are timed with (`core.costs.host_link`)."""
+        return cost_models.host_link(self.cost_model)
 
     @property
     def param_bytes(self) -> int:

@@ -5,6 +5,12 @@ instructions the simulator walked) inside one `torch.autograd.Function`, keeping
 keeps; `loss.backward()` then runs the rest of the program, recomputing what the plan
 recomputes, and hands autograd the parameter gradients, which land in the model's own `.grad`.
 
+Offloading plans run on CPU: an `offload` copies a storage into a host pool allocated once per
+step (`core.memory.host_pool`, which no device tracker counts), and the device storage is kept
+until the run step the simulator says its copy is done; a `prefetch` copies it back into a
+fresh device storage and rebuilds every view of it. On CUDA, offloading needs a side stream,
+events, a pinned pool and `record_stream` on the reloaded storages: not written yet, refused.
+
 Exactness rules kept here:
 - a recomputed random op (dropout) replays the random state of its first run, and the global
   random stream moves exactly as in eager PyTorch;
@@ -28,10 +34,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from core.errors import PlanMismatch, UnsupportedModel
 from core.graph import Graph
 from core.interpret import Call, binding, compile_node
+from core.memory import from_host, host_pool, to_host
 from core.plan_io import check_graph_meta
 from core.problem import Problem, analyze
 from core.schedule import Plan
-from core.simulator import FREE
+from core.simulator import FREE, OFFLOAD, PREFETCH
 from core.trace import (
     CallSpec,
     TensorSpec,
@@ -50,10 +57,77 @@ _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
 
 @dataclass
 class _Instr:
-    """One RUN with the FREEs that follow it, compiled: the loop the runtime walks."""
+    """One RUN (or transfer) with the FREEs that follow it, compiled: the loop the runtime
+    walks."""
 
     calls: tuple  # ((call, mode, random), ...)
     drop: tuple[int, ...]  # env keys to drop afterwards: freed values, tuple results
+    host: _HostWork | None = None  # transfers and copies done before the calls
+
+
+@dataclass(frozen=True)
+class _HostWork:
+    """What an instruction does with host memory: before a run, the offloaded device storages
+    and the host copies whose copies are done (`release`, `unpark`); or one transfer."""
+
+    release: tuple[int, ...] = ()
+    unpark: tuple[int, ...] = ()
+    transfer: str = ""  # offload | prefetch | ""
+    value: int = -1
+    nodes: tuple[int, ...] = ()  # env keys bound to the value's storage
+    slot: int = 0  # offset in the host pool
+
+
+class _Host:
+    """One step's host memory: the pool, the device storages whose copy to it is not done,
+    and the parked values' views (to rebuild them on the device)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.pool = host_pool(nbytes)
+        # per value, oldest first (one lane: copies are done in the order they were issued)
+        self.leaving: dict[int, list[list[torch.Tensor]]] = {}  # device copies going out
+        self.views: dict[int, list[tuple[int, torch.device, list[tuple]]]] = {}  # parked
+        self.parked = 0  # bytes parked now
+        self.peak = 0
+
+    def copy(self) -> _Host:
+        """An independent copy, for a backward that may run again (retain_graph)."""
+        other = _Host(0)
+        other.pool = self.pool.clone()
+        other.leaving = {v: [list(ts) for ts in copies] for v, copies in self.leaving.items()}
+        other.views = {v: list(parked) for v, parked in self.views.items()}
+        other.parked, other.peak = self.parked, self.peak
+        return other
+
+    def work(self, w: _HostWork, env: dict[int, Any]) -> None:
+        for v in w.release:
+            self.leaving[v].pop(0)  # the device storage goes with its last reference
+        for v in w.unpark:
+            self.parked -= self.views[v].pop(0)[0]
+        if w.transfer == OFFLOAD:
+            nodes = [n for n in w.nodes if n in env]
+            if not nodes:  # the simulator checked the program: a runtime bug if it happens
+                raise RuntimeError(f"offload of value {w.value}: no tensor holds it")
+            storage = env[nodes[0]].untyped_storage()
+            to_host(self.pool, w.slot, storage)
+            views = [
+                (n, t.dtype, t.storage_offset(), t.shape, t.stride())
+                for n in nodes
+                for t in (env[n],)
+            ]
+            self.views.setdefault(w.value, []).append((storage.nbytes(), storage.device, views))
+            self.leaving.setdefault(w.value, []).append([env.pop(n) for n in nodes])
+            self.parked += storage.nbytes()
+            self.peak = max(self.peak, self.parked)
+        elif w.transfer == PREFETCH:
+            nbytes, device, views = self.views[w.value][-1]  # its latest offload
+            data = torch.empty(nbytes, dtype=torch.uint8, device=device)  # device memory
+            from_host(data, self.pool, w.slot)
+            storage = data.untyped_storage()
+            for n, dtype, offset, shape, stride in views:
+                env[n] = torch.empty(0, dtype=dtype, device=device).set_(
+                    storage, offset, shape, stride
+                )
 
 
 class _Program:
@@ -72,11 +146,25 @@ class _Program:
         seen: set[int] = set()
         compiled: list[_Instr] = []
         split = 0
+        transfers = any(kind in (OFFLOAD, PREFETCH) for kind, _ in plan.program)
+        sim = plan.simulate() if transfers else None
+        released, unparked = sim.releases() if sim else ({}, {})
+        slot_of: dict[int, int] = {}
+        self.transfers = transfers
+        self.host_pool = sim.host_pool if sim else 0  # bytes
         for i, (kind, target) in enumerate(plan.program):
             if i == plan.backward_start:
                 split = len(compiled)
-            if kind == FREE:  # a FREE joins the RUN before it (none precedes the first RUN)
+            if kind == FREE:  # a FREE joins the instruction before it (none precedes the first)
                 compiled[-1].drop += graph.value_nodes.get(target, ())
+                continue
+            if kind in (OFFLOAD, PREFETCH):
+                assert sim is not None
+                if kind == OFFLOAD:
+                    slot_of[target] = sim.host_slots[i]
+                bound = graph.value_nodes.get(target, ())
+                work = _HostWork(transfer=kind, value=target, nodes=bound, slot=slot_of[target])
+                compiled.append(_Instr((), (), work))
                 continue
             op = graph.ops[target]
             recompute = target in seen
@@ -95,7 +183,10 @@ class _Program:
                 if mode != _SKIP:
                     items.append((calls[n], calls[n].fast(), mode, node.random))
             drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
-            compiled.append(_Instr(tuple(items), drop))
+            copies_done = None
+            if i in released or i in unparked:
+                copies_done = _HostWork(tuple(released.get(i, ())), tuple(unparked.get(i, ())))
+            compiled.append(_Instr(tuple(items), drop, copies_done))
         if plan.backward_start >= len(plan.program):
             split = len(compiled)
         # trace nodes the step's tensors bind to: parameters, state, then inputs
@@ -106,9 +197,14 @@ class _Program:
         self.forward = compiled[:split]
         self.backward = compiled[split:]
 
-    def run(self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any]) -> None:
+    def run(
+        self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any], host: _Host | None
+    ) -> None:
         pop = env.pop
         for ins in instrs:
+            if ins.host is not None:
+                assert host is not None
+                host.work(ins.host, env)
             for call, fast, mode, random in ins.calls:
                 if mode == _NORMAL and not random:
                     env[call.index] = fast(env)
@@ -138,9 +234,10 @@ class _Program:
 class _StepState:
     """What the forward leaves for the backward: live values and random states."""
 
-    def __init__(self, env: dict[int, Any], rng: dict[int, Any]) -> None:
+    def __init__(self, env: dict[int, Any], rng: dict[int, Any], host: _Host | None) -> None:
         self.env: dict[int, Any] | None = env
         self.rng = rng
+        self.host = host
 
 
 class _PlanFunction(torch.autograd.Function):
@@ -155,9 +252,10 @@ class _PlanFunction(torch.autograd.Function):
         env.update(program.constants)
         _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
-        program.run(program.forward, env, rng)
+        host = _Host(program.host_pool) if program.transfers else None
+        program.run(program.forward, env, rng, host)
         outputs = tuple(env[n] for n in trace.outputs)
-        ctx.step = _StepState(env, rng)
+        ctx.step = _StepState(env, rng, host)
         ctx.runner = runner
         ctx.n_params = n_params
         ctx.mark_non_differentiable(
@@ -178,14 +276,18 @@ class _PlanFunction(torch.autograd.Function):
             )
         keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
         env = dict(step.env) if keep_graph else step.env
+        host = step.host.copy() if keep_graph and step.host else step.host
         if not keep_graph:
-            step.env = None
+            step.env = step.host = None
         for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
             env[t] = grad_outputs[out]
         _run_prologue(program.tangent_prologue, env)
-        program.run(program.backward, env, step.rng)
+        program.run(program.backward, env, step.rng, host)
         grads = [env[g] if g is not None else None for g in trace.grads]
         env.clear()
+        if host is not None:
+            ctx.runner.host_peak = host.peak
+            del host
         n_params = ctx.n_params
         input_grads: list[torch.Tensor | None] = [None] * len(trace.input_specs)
         for pos, g in zip(trace.grad_inputs, grads[n_params:], strict=True):
@@ -205,6 +307,14 @@ class PlannedModule(nn.Module):
         self.plan = plan
         self._graph = graph
         self._program = _Program(graph, plan)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if self._program.transfers and device.type != "cpu":
+            raise NotImplementedError(
+                f"this plan offloads to host memory, which the runtime runs on CPU only: on "
+                f"{device.type} it needs a side stream, events, a pinned host pool and "
+                "record_stream on reloaded storages, not written yet; plan without offloading"
+            )
+        self.host_peak = 0  # bytes the last step parked on the host at once (measured)
         trace = graph.trace
         params = dict(model.named_parameters())
         self._param_names = trace.param_names

@@ -1,7 +1,7 @@
 """The plan: a straight-line program over the graph's ops, with where it came from.
 
-A program is a list of instructions, plain data (see `core.simulator`): `("run", op)` and
-`("free", value)`. The simulator and the runtime (`core.runtime`) walk the very same program,
+A program is a list of instructions, plain data (see `core.simulator`): `("run", op)`,
+`("free", value)`, `("offload", value)` and `("prefetch", value)`. The simulator and the runtime (`core.runtime`) walk the very same program,
 so the memory timeline the app draws is the memory the step uses. A plan converts to and from
 the plain data a plan file holds (`Plan.to_data`, `Plan.from_data`; `core.plan_io` reads and
 writes the file).
@@ -67,7 +67,11 @@ class Plan:
         if self._sim is None:
             problem = self._attached()
             self._sim = simulate(
-                problem.graph, problem.block_of_op, self.program, self.backward_start
+                problem.graph,
+                problem.block_of_op,
+                self.program,
+                self.backward_start,
+                problem.link,
             )
         return self._sim
 
@@ -93,6 +97,11 @@ class Plan:
         if self.problem is None and self.saved_prediction:
             return self.saved_prediction[2]
         return self.predicted_time / self._attached().store_all_time
+
+    @property
+    def predicted_host_bytes(self) -> int:
+        """Most bytes the program parks in host memory at once (0 without offloads)."""
+        return self.simulate().host_peak
 
     @property
     def recomputed_ops(self) -> int:

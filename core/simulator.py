@@ -1,14 +1,23 @@
 """The simulator: the one place that says what a program does to memory, and when.
 
 A program is a list of instructions, plain data: `("run", op)` computes an op (the first
-time, or again: a recompute) and `("free", value)` drops a storage. Instructions before
+time, or again: a recompute), `("free", value)` drops a storage, `("offload", value)` starts
+copying a storage to host memory (its device bytes are released once the copy is done) and
+`("prefetch", value)` starts copying it back into a fresh device storage. Instructions before
 `backward_start` run in the forward pass; the rest when `loss.backward()` reaches the model.
 Every consumer reads this module: the plan's timeline (`core.schedule`), the exact figures
 the solvers rank candidates by (a block or a whole graph as a `Dag`), the app's step-through
 (live values and each forward op's fate) and the runtime, which walks the same program.
 
-Each instruction kind has one handler in `walk`; a new kind (an offload, a prefetch on a
-transfer lane) is a new handler there and a new constant here, not a second simulator.
+Each instruction kind has one handler in `walk`; a new kind is a new handler there and a new
+constant here, not a second simulator.
+
+Time runs on two lanes: compute (runs, one after another) and transfer (offloads and
+prefetches, one after another, at the host link's bandwidth). A transfer starts when the lane
+is free and the compute issued so far is done; a run that reads a prefetched value waits for
+its copy (a stall, counted in the predicted time). An offloaded storage stays on the device
+until its copy is done: it is released before the first run that starts after that, and a
+prefetched value's host copy likewise once its copy back is done.
 """
 
 from __future__ import annotations
@@ -22,12 +31,41 @@ from core.graph import Graph, Phase
 
 RUN: Literal["run"] = "run"
 FREE: Literal["free"] = "free"
+OFFLOAD: Literal["offload"] = "offload"
+PREFETCH: Literal["prefetch"] = "prefetch"
+KINDS = (RUN, FREE, OFFLOAD, PREFETCH)
+_VERBS = {FREE: "frees", OFFLOAD: "offloads", PREFETCH: "prefetches"}
 Instruction = tuple[str, int]
-Fate = Literal["kept", "recomputed", "freed"]
+Fate = Literal["kept", "recomputed", "freed", "offloaded"]
 
 
 class InvalidPlan(RematError, ValueError):
     """A program that cannot run: an input not live, a double free, a misplaced backward op."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """The host link: bytes/s copied device-to-host (offload) and host-to-device (prefetch)."""
+
+    d2h: float
+    h2d: float
+
+    def __post_init__(self) -> None:
+        if not (self.d2h > 0 and self.h2d > 0):
+            raise ValueError(f"link bandwidths must be positive bytes/s, not {self}")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One copy on the transfer lane: seconds from the step's start, the step that issued it
+    and the run step before which its source storage is released (-1: the program's end)."""
+
+    kind: str  # offload | prefetch
+    value: int
+    step: int
+    start: float
+    end: float
+    release: int
 
 
 class OpLike(Protocol):
@@ -102,7 +140,8 @@ def program_from_runs(
 
 @dataclass
 class Walk:
-    """What walking a program found. Bytes count only the values the memory model sizes."""
+    """What walking a program found. Bytes count only the values the memory model sizes;
+    device bytes unless named host."""
 
     peak: int
     peak_step: int  # first instruction after which `peak` bytes are live
@@ -110,16 +149,20 @@ class Walk:
     backward_peak: int  # most bytes live from the backward's start on (its start included)
     backward_start_bytes: int  # live when the backward starts, arriving values included
     kept: frozenset[int]  # sized values the forward leaves live for the backward
-    time: float  # seconds of every run, summed in program order
+    time: float  # seconds: every run in program order, plus the stalls waiting for prefetches
     forward_time: float
     backward_time: float
     recomputed_ops: int
+    stall: float = 0.0  # seconds runs waited for prefetches (in `time`)
+    host_peak: int = 0  # most bytes parked in host memory at once
+    transfers: list[Transfer] = field(default_factory=list)
     # recorded walks only (record=True):
     columns: list[tuple[int, ...]] = field(default_factory=list)  # live bytes per column, per step
     intervals: dict[int, list[tuple[int, int]]] = field(
         default_factory=dict
     )  # value -> [start, end)
     op_steps: dict[int, list[int]] = field(default_factory=dict)  # op -> steps that run it
+    host: list[int] = field(default_factory=list)  # host bytes after each step
 
 
 def walk(
@@ -134,16 +177,19 @@ def walk(
     record: bool = False,
     op_names: Sequence[str] | None = None,
     value_names: Sequence[str] | None = None,
+    link: Link | None = None,
 ) -> Walk:
     """Walk `program` and return its memory and time. Only values in `sizes` are tracked
     (others, such as parameters of a block walked alone, are always available and never
     counted); `initial` values are live from the start, `arriving` ones from the backward's
     start; `final` ones may not be freed. With `record`, keep
     live bytes per step split by `column` (value -> column index; all in one column when
-    None), each value's live intervals and the steps that run each op.
+    None), each value's live intervals and the steps that run each op. `link` times the
+    offloads and prefetches (see the module's docstring); a program with either needs one.
 
-    Raises InvalidPlan when an op reads a tracked value that is not live, recomputes a value
-    still live, or a free drops a value not live or final."""
+    Raises InvalidPlan when an op reads a tracked value that is not live (or is parked on the
+    host and not prefetched), recomputes a value still live, a free drops a value not live
+    or final, or a transfer moves a value that is not where it says."""
 
     def op_name(o: int) -> str:
         return op_names[o] if op_names else f"op {o}"
@@ -165,6 +211,16 @@ def walk(
     opened: dict[int, int] = dict.fromkeys(live, -1) if record else {}
     intervals: dict[int, list[tuple[int, int]]] = {}
     op_steps: dict[int, list[int]] = {}
+    # the transfer lane: clock, values parked on the host, copies not yet done
+    lane = stall = 0.0
+    host = host_peak = 0
+    parked: set[int] = set()  # on the host, not prefetched
+    sent: set[int] = set()  # offloaded at least once
+    ready: dict[int, float] = {}  # prefetched value -> when its copy is done
+    releasing: list[tuple[float, int, int]] = []  # (copy done, transfer index, value)
+    transfers: list[Transfer] = []
+    host_steps: list[int] = []
+    leaving: dict[int, list[int]] = {}  # offloaded value -> steps its leaving copies opened
 
     size = sizes.get  # the solvers' searches walk thousands of programs: keep this loop lean
 
@@ -175,6 +231,24 @@ def walk(
     def closes(v: int, step: int) -> None:
         intervals.setdefault(v, []).append((opened.pop(v), step))
         totals[column.get(v, 0) if column else 0] -= size(v, 0)
+
+    def release(until: float, step: int) -> None:
+        """Copies done by `until`: offloaded device storages and prefetched host copies go."""
+        nonlocal now, host
+        done = [r for r in releasing if r[0] <= until]
+        if not done:
+            return
+        releasing[:] = [r for r in releasing if r[0] > until]
+        for _, k, v in done:
+            t = transfers[k]
+            transfers[k] = Transfer(t.kind, t.value, t.step, t.start, t.end, step)
+            if t.kind == OFFLOAD:
+                now -= size(v, 0)
+                if record:  # the copy that left (the oldest: one lane, copies done in order)
+                    intervals.setdefault(v, []).append((leaving[v].pop(0), step))
+                    totals[column.get(v, 0) if column else 0] -= size(v, 0)
+            else:
+                host -= size(v, 0)
 
     for i, (kind, target) in enumerate(program):
         if i == backward_start:
@@ -187,15 +261,25 @@ def walk(
             b_start = now
         if kind == RUN:
             op = ops[target]
+            start = time
+            if ready:
+                for v in op.inputs:
+                    if v in ready:
+                        start = max(start, ready.pop(v))
+            if releasing:
+                release(start, i)
             for v in op.inputs:
                 if v not in live and v in sizes:
+                    where = ", parked on the host and not prefetched" if v in parked else ""
                     raise InvalidPlan(
-                        f"step {i}: {op_name(target)} reads {value_name(v)}, which is not live"
+                        f"step {i}: {op_name(target)} reads {value_name(v)}, which is not "
+                        f"live{where}"
                     )
             for v in op.outputs:
-                if v in live:
+                if v in live or v in parked:
+                    where = "parked on the host" if v in parked else "still live"
                     raise InvalidPlan(
-                        f"step {i}: {op_name(target)} recomputes {value_name(v)}, still live"
+                        f"step {i}: {op_name(target)} recomputes {value_name(v)}, {where}"
                     )
                 live.add(v)
                 now += size(v, 0)
@@ -206,20 +290,61 @@ def walk(
             ran.add(target)
             if record:
                 op_steps.setdefault(target, []).append(i)
-            time += op.time
+            waited = start - time
+            stall += waited
+            time = start + op.time
             if i < backward_start:
-                f_time += op.time
+                f_time += op.time + waited
             else:
-                b_time += op.time
+                b_time += op.time + waited
         elif kind == FREE:
             if target not in live:
-                raise InvalidPlan(f"step {i}: frees {value_name(target)}, which is not live")
+                where = ", it is parked on the host" if target in parked else ""
+                raise InvalidPlan(f"step {i}: frees {value_name(target)}, which is not live{where}")
             if target in final:
                 raise InvalidPlan(f"step {i}: frees {value_name(target)}, an output of the step")
             live.discard(target)
+            ready.pop(target, None)
             now -= size(target, 0)
             if record:
                 closes(target, i)
+        elif kind == OFFLOAD or kind == PREFETCH:
+            if link is None:
+                raise InvalidPlan(f"step {i}: a {kind} needs a host link to time it")
+            nbytes = size(target, 0)
+            if kind == OFFLOAD:
+                if target not in live or target not in sizes:
+                    raise InvalidPlan(
+                        f"step {i}: offloads {value_name(target)}, which is not live on the device"
+                    )
+                if target in final:
+                    raise InvalidPlan(
+                        f"step {i}: offloads {value_name(target)}, an output of the step"
+                    )
+                start = max(lane, time, ready.pop(target, 0.0))
+                lane = start + nbytes / link.d2h
+                live.discard(target)
+                parked.add(target)
+                sent.add(target)
+                host += nbytes
+                if record:
+                    leaving.setdefault(target, []).append(opened.pop(target))
+            else:
+                if target not in parked:
+                    why = "was prefetched already" if target in sent else "was never offloaded"
+                    raise InvalidPlan(f"step {i}: prefetches {value_name(target)}, which {why}")
+                start = max(lane, time)
+                lane = start + nbytes / link.h2d
+                parked.discard(target)
+                live.add(target)
+                ready[target] = lane
+                now += nbytes
+                if record:
+                    opens(target, i)
+            releasing.append((lane, len(transfers), target))
+            transfers.append(Transfer(kind, target, i, start, lane, -1))
+            if host > host_peak:
+                host_peak = host
         else:
             raise InvalidPlan(f"step {i}: unknown instruction {kind!r}")
         if i < backward_start:
@@ -231,13 +356,16 @@ def walk(
             peak, peak_step = now, i
         if record:
             columns.append(tuple(totals))
+            host_steps.append(host)
     if kept is None:  # no backward instruction
         kept = frozenset(live)
         b_start = now + sum(sizes.get(v, 0) for v in arriving)
         live.update(arriving)
     if record:
-        for v, start in opened.items():
-            intervals.setdefault(v, []).append((start, len(program)))
+        for v, start_step in opened.items():
+            intervals.setdefault(v, []).append((start_step, len(program)))
+        for v, starts in leaving.items():
+            intervals.setdefault(v, []).extend((first, len(program)) for first in starts)
     return Walk(
         max(peak, b_start),
         peak_step,
@@ -245,13 +373,17 @@ def walk(
         max(b_peak, b_start),
         b_start,
         kept,
-        time,
+        max(time, lane),
         f_time,
-        b_time,
+        b_time + max(0.0, lane - time),
         recomputed,
+        stall,
+        host_peak,
+        transfers,
         columns,
         intervals,
         op_steps,
+        host_steps,
     )
 
 
@@ -341,7 +473,7 @@ class Step(NamedTuple):
     """One row of the memory timeline: live bytes after the instruction, by kind."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index: the step's position
-    kind: str  # run | free
+    kind: str  # run | free | offload | prefetch
     target: int  # op index (run) or value index (free)
     name: str
     label: str  # "aten.mm" for runs, the value's kind for frees
@@ -371,6 +503,12 @@ class Simulation:
     intervals: dict[int, list[tuple[int, int]]]  # value -> [first step live, step freed)
     op_steps: dict[int, list[int]]  # op -> program steps that run it
     forward_outputs: dict[int, tuple[int, ...]]  # forward op -> the values it produces
+    stall: float = 0.0  # seconds of `time` the compute lane waited for prefetches
+    transfers: list[Transfer] = field(default_factory=list)  # the transfer lane
+    host: list[int] = field(default_factory=list)  # bytes parked on the host after each step
+    host_peak: int = 0  # most bytes parked at once
+    host_slots: dict[int, int] = field(default_factory=dict)  # offload step -> pool offset
+    host_pool: int = 0  # bytes of the host pool the slots need (>= host_peak)
 
     def live_after(self, step: int) -> set[int]:
         """Values (storages) live after program step `step` (-1: before the first)."""
@@ -383,40 +521,89 @@ class Simulation:
     def fates(self) -> dict[int, Fate]:
         """Each forward op by what the program does with its results: recomputed in the
         backward, kept until the backward, or freed in the forward (the backward never needs
-        them again). Where: `op_steps` (its runs) and `intervals` (its values' lifetimes)."""
+        them again), or offloaded to the host. Where: `op_steps` (its runs), `intervals` (its
+        values' lifetimes) and `transfers`."""
         kept = self.live_after(self.backward_start - 1)
+        sent = {t.value for t in self.transfers if t.kind == OFFLOAD}
         out: dict[int, Fate] = {}
         for o, outputs in self.forward_outputs.items():
             if len(self.op_steps.get(o, ())) > 1:
                 out[o] = "recomputed"
+            elif sent.intersection(outputs):
+                out[o] = "offloaded"
             elif kept.intersection(outputs):
                 out[o] = "kept"
             else:
                 out[o] = "freed"
         return out
 
+    def releases(self) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """Run step -> values released before it runs: offloaded device storages, and host
+        copies of prefetched values (a copy is done). Values missing are released at the end."""
+        device: dict[int, list[int]] = {}
+        host: dict[int, list[int]] = {}
+        for t in self.transfers:
+            if t.release >= 0:
+                (device if t.kind == OFFLOAD else host).setdefault(t.release, []).append(t.value)
+        return device, host
+
+
+def host_layout(transfers: Sequence[Transfer], sizes: dict[int, int], end: int) -> dict[int, int]:
+    """A host pool offset for each offload (by its step): first fit, in program order, among
+    the copies parked at the same time. A copy is parked from its offload until its prefetch's
+    copy is done (step `end` when never)."""
+    until: dict[int, int] = {}  # offload step -> step its slot is free again
+    pending: dict[int, int] = {}  # value -> step of its open offload
+    for t in transfers:
+        if t.kind == OFFLOAD:
+            pending[t.value] = t.step
+        else:
+            until[pending.pop(t.value)] = t.release if t.release >= 0 else end
+    for step in pending.values():
+        until[step] = end
+    slots: dict[int, int] = {}
+    active: list[tuple[int, int, int]] = []  # (offset, bytes, free from step)
+    for t in transfers:
+        if t.kind != OFFLOAD:
+            continue
+        active = sorted(a for a in active if a[2] > t.step)
+        nbytes, offset = sizes.get(t.value, 0), 0
+        for start, used, _ in active:
+            if start - offset >= nbytes:
+                break
+            offset = max(offset, start + used)
+        slots[t.step] = offset
+        active.append((offset, nbytes, until[t.step]))
+    return slots
+
 
 def simulate(
-    graph: Graph, block_of_op: Sequence[int], program: Sequence[Instruction], backward_start: int
+    graph: Graph,
+    block_of_op: Sequence[int],
+    program: Sequence[Instruction],
+    backward_start: int,
+    link: Link | None = None,
 ) -> Simulation:
     """Walk a plan's program on its graph, checking it is valid, and record live bytes
-    after each instruction by kind (activations, temporaries, gradients)."""
+    after each instruction by kind (activations, temporaries, gradients), and the bytes
+    parked on the host; `link` times offloads and prefetches."""
     values, ops = graph.values, graph.ops
     _check_rules(graph, program, backward_start)
     column = {v.index: COLUMNS.index(v.kind) for v in values if v.kind in COLUMNS}
-    sizes = {v.index: (v.nbytes if v.index in column else 0) for v in values}
+    sizes, initial, arriving = _step_values(graph)
     walked = walk(
         ops,
         program,
         backward_start,
         sizes,
-        initial=[v.index for v in values if v.is_placeholder and v.kind != "tangent"],
-        arriving=[v.index for v in values if v.kind == "tangent"],
+        initial=initial,
+        arriving=arriving,
         final=graph.final_values,
         column=column,
         record=True,
         op_names=[op.name for op in ops],
         value_names=[v.name for v in values],
+        link=link,
     )
     timeline = []
     for i, ((kind, target), live) in enumerate(zip(program, walked.columns)):
@@ -432,6 +619,8 @@ def simulate(
             block = block_of_op[value.producer] if value.producer is not None else -1
         live = (*live, *[0] * (len(COLUMNS) - len(live)))  # kinds absent from the graph
         timeline.append(Step(i, kind, target, name, label, phase, block, recompute, *live))
+    slots = host_layout(walked.transfers, sizes, len(program))
+    offloads = [t for t in walked.transfers if t.kind == OFFLOAD]
     return Simulation(
         timeline,
         walked.peak,
@@ -442,7 +631,31 @@ def simulate(
         walked.intervals,
         walked.op_steps,
         {o: ops[o].outputs for o in graph.forward_ops},
+        walked.stall,
+        walked.transfers,
+        walked.host,
+        walked.host_peak,
+        slots,
+        max((slots[t.step] + sizes[t.value] for t in offloads), default=0),
     )
+
+
+def walk_step(
+    graph: Graph, program: Sequence[Instruction], backward_start: int, link: Link | None = None
+) -> Walk:
+    """`walk` a program over a traced step, recording nothing: what searches compare."""
+    sizes, initial, arriving = _step_values(graph)
+    return walk(
+        graph.ops, program, backward_start, sizes, initial, arriving, graph.final_values, link=link
+    )
+
+
+def _step_values(graph: Graph) -> tuple[dict[int, int], list[int], list[int]]:
+    """The step's sizes (0 for what a budget does not count), initial and arriving values."""
+    values = graph.values
+    sizes = {v.index: (v.nbytes if v.kind in COLUMNS else 0) for v in values}
+    initial = [v.index for v in values if v.is_placeholder and v.kind != "tangent"]
+    return sizes, initial, [v.index for v in values if v.kind == "tangent"]
 
 
 def _check_rules(graph: Graph, program: Sequence[Instruction], backward_start: int) -> None:
@@ -467,9 +680,9 @@ def _check_rules(graph: Graph, program: Sequence[Instruction], backward_start: i
             elif target not in done and (op.random or op.state_update):
                 raise InvalidPlan(f"step {i}: random/state op {op.name} runs out of traced order")
             done.add(target)
-        elif kind == FREE and values[target].kind not in COLUMNS:
+        elif kind != RUN and values[target].kind not in COLUMNS:
             raise InvalidPlan(
-                f"step {i}: frees {values[target].name}, which is not a live activation"
+                f"step {i}: {_VERBS[kind]} {values[target].name}, which is not a live activation"
             )
     never = [op.name for op in ops if op.index not in done]
     if never:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from core.errors import fmt_bytes
 from core.problem import Problem
 from core.schedule import Plan
-from core.simulator import FREE, RUN, InvalidPlan, Simulation
+from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, InvalidPlan, Simulation
 
 
 def check_program(plan: Plan, problem: Problem) -> Simulation:
@@ -28,10 +28,13 @@ def check_program(plan: Plan, problem: Problem) -> Simulation:
     program, start = plan.program, plan.backward_start
     if not isinstance(program, list) or not program:
         raise InvalidPlan("the program is empty: make the plan again")
-    bounds = {RUN: (len(graph.ops), "op"), FREE: (len(graph.values), "value")}
+    values = (len(graph.values), "value")
+    bounds = {RUN: (len(graph.ops), "op"), FREE: values, OFFLOAD: values, PREFETCH: values}
     for i, ins in enumerate(program):
         if not isinstance(ins, (tuple, list)) or len(ins) != 2 or ins[0] not in bounds:
-            raise InvalidPlan(f"step {i}: {str(ins)[:60]} is not a (run|free, index) instruction")
+            raise InvalidPlan(
+                f"step {i}: {str(ins)[:60]} is not a (run|free|offload|prefetch, index) instruction"
+            )
         kind, target = ins
         limit, what = bounds[kind]
         if type(target) is not int or not 0 <= target < limit:
@@ -45,7 +48,9 @@ def check_program(plan: Plan, problem: Problem) -> Simulation:
             "the forward and the backward pass both need instructions"
         )
     if program[start][0] != RUN:
-        raise InvalidPlan(f"step {start}: the backward pass must start with a run, not a free")
+        raise InvalidPlan(
+            f"step {start}: the backward pass must start with a run, not a {program[start][0]}"
+        )
     simulation = plan.simulate()
     _check_outputs_live(plan, problem)
     if plan.budget and simulation.peak > plan.budget:
@@ -69,8 +74,10 @@ def _check_outputs_live(plan: Plan, problem: Problem) -> None:
             for v in graph.ops[target].outputs:
                 if v in produced:
                     produced[v] += 1
-        elif target in produced:
+        elif target in produced and kind in (FREE, OFFLOAD):
             produced[target] -= 1
+        elif target in produced:  # a prefetch
+            produced[target] += 1
     for v, count in produced.items():
         if count < 1 and not graph.values[v].is_placeholder:
             raise InvalidPlan(

@@ -60,7 +60,7 @@ def test_a_recomputed_value_is_freed_before_it_is_produced_again():
         ([(RUN, 0), (RUN, 0)], "recomputes value 1, still live"),
         ([(RUN, 0), (FREE, 1), (FREE, 1)], "frees value 1, which is not live"),
         ([(RUN, 0), (RUN, 1), (RUN, 2), (FREE, 3)], "frees value 3, an output of the step"),
-        ([("offload", 1)], "unknown instruction 'offload'"),
+        ([("spill", 1)], "unknown instruction 'spill'"),
     ],
 )
 def test_invalid_programs_are_refused(program, message):

@@ -15,7 +15,15 @@ from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.problem import Problem
 from core.reorder import solve_reordered
 from core.schedule import Plan
-from core.solvers import checkmate, checkpoint_blocks, rockmate, rotor, sqrt_n, store_all
+from core.solvers import (
+    checkmate,
+    checkpoint_blocks,
+    offload,
+    rockmate,
+    rotor,
+    sqrt_n,
+    store_all,
+)
 
 
 class Solver(Protocol):
@@ -32,6 +40,7 @@ SOLVERS: dict[str, Solver] = {
     "rotor": rotor.solve,
     "rockmate": rockmate.solve,
     "checkmate": checkmate.solve,
+    "offload": offload.solve,
 }
 METHODS = tuple(SOLVERS)
 
