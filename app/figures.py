@@ -23,10 +23,16 @@ RECOMPUTE_COLOR = "#e45756"
 BUDGET_COLOR = "#222222"
 PEAK_COLOR = "#b279a2"
 MARKER_COLOR = "#d4a000"
-FATE_COLORS = {"kept": "#4c78a8", "recomputed": "#e45756", "freed": "#c9c9c9"}
+FATE_COLORS = {
+    "kept": "#4c78a8",
+    "recomputed": "#e45756",
+    "offloaded": "#b279a2",
+    "freed": "#c9c9c9",
+}
 FATE_TEXT = {
     "kept": "kept from the forward to the backward",
     "recomputed": "freed in the forward, recomputed in the backward",
+    "offloaded": "sent to host memory in the forward, brought back for the backward",
     "freed": "freed after its last use (the backward does not need it)",
 }
 # one colour per method, whichever is selected
@@ -193,6 +199,7 @@ MAX_BANDS = 120  # storages drawn one by one in the per-tensor view; smaller one
 BAND_COLORS = {
     "kept": "#4c78a8",
     "recomputed": "#e45756",
+    "offloaded": "#b279a2",
     "freed": "#9ecae9",
     "temporary": "#f58518",
     "gradient": "#54a24b",
@@ -282,6 +289,7 @@ def tensor_figure(
         for key, label in (
             ("kept", "kept for the backward"),
             ("recomputed", "recomputed"),
+            ("offloaded", "offloaded to host"),
             ("freed", "freed in the forward"),
             ("temporary", "temporary"),
             ("gradient", "gradient"),

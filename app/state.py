@@ -165,8 +165,9 @@ class Studio:
 
 def op_fates(problem, plan) -> dict[str, list[int]]:
     """Forward ops grouped by the simulator's fate: kept until the backward, recomputed in
-    the backward, or freed (the backward never needs them)."""
-    fates: dict[str, list[int]] = {"kept": [], "recomputed": [], "freed": []}
+    the backward, offloaded to host memory and brought back, or freed (the backward never
+    needs them)."""
+    fates: dict[str, list[int]] = {"kept": [], "recomputed": [], "offloaded": [], "freed": []}
     for o, fate in plan.simulate().fates().items():
         fates[fate].append(o)
     return fates
@@ -286,6 +287,11 @@ def step_view(problem, plan, i: int) -> dict:
             runs = sum(1 for k, t in plan.program if k == "run" and t == target)
             if consumer is None:
                 fate = "freed after its last use in the forward: no backward op reads it"
+            elif sim.fates().get(target) == "offloaded":
+                fate = (
+                    f"offloaded: {consumer} in the backward reads it; the plan parks it in host "
+                    f"memory and brings it back, rather than keep it or recompute it ({price})"
+                )
             elif kept:
                 fate = (
                     f"kept: {consumer} in the backward reads it; recomputing it would cost {price}"
@@ -306,6 +312,23 @@ def step_view(problem, plan, i: int) -> dict:
                 f"Backward of block {block} ({bname}): {op.label} ({op.name}) computes "
                 f"gradients from the activations it reads (highlighted)."
             )
+    elif kind in ("offload", "prefetch"):
+        value = graph.values[target]
+        producer = graph.ops[value.producer] if value.producer is not None else None
+        reader = (_backward_reader(graph, producer) if producer else None) or "the backward"
+        if kind == "offload":
+            why = (
+                f"Offload {value.name} ({value.kind}, {_fmt(value.nbytes)}): a copy to host "
+                f"memory starts on the transfer lane; its device memory is released once the "
+                f"copy is done, and it comes back before {reader} reads it."
+            )
+        else:
+            why = (
+                f"Prefetch {value.name} ({_fmt(value.nbytes)}) back from host memory for "
+                f"{reader}: a prefetch that arrives late stalls the compute lane."
+            )
+        if producer is not None and producer.phase == "forward":
+            running = [producer.index]
     else:
         value = graph.values[target]
         later = any(start > i for start, _ in sim.intervals[target])

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import fresh
 
+import core
 from app import figures
 from app.cache import LRU
 from app.state import (
@@ -241,3 +243,25 @@ def test_step_reasons_name_the_backward_reader_and_the_price():
     assert kept and all("recomputing it would cost" in w for w in kept)
     assert any(w.split("; kept: ")[1].split(" ")[0] in names for w in kept)
     assert any("the plan recomputes it there (" in w for w in whys)
+
+
+def test_app_reads_back_an_offload_plan():
+    """An offload plan's step-through, per-tensor rows and graph colours: offloaded ops have
+    their own fate, offload and prefetch steps their own sentences."""
+    model, inputs = fresh("gpt-tiny")
+    problem = core.analyze(model, inputs, device="h100")
+    plan = core.solve(problem, 0.5, "offload")
+    fates = op_fates(problem, plan)
+    assert fates["offloaded"]
+    kinds = {kind for kind, _ in plan.program}
+    assert {"offload", "prefetch"} <= kinds
+    whys = {kind: step_view(problem, plan, i)["why"] for i, (kind, _) in enumerate(plan.program)}
+    assert whys["offload"].startswith("Offload ") and whys["prefetch"].startswith("Prefetch ")
+    first = next(
+        i for i, (k, t) in enumerate(plan.program) if k == "run" and t in fates["offloaded"]
+    )
+    assert "offloaded:" in step_view(problem, plan, first)["why"]
+    rows = tensor_rows(problem, plan, live_bands(problem, plan))
+    assert any(r["fate"] == "offloaded" for r in rows)
+    figures.tensor_figure(rows, len(plan.program), plan.backward_start)
+    figures.graph_stylesheet(fates, prefix="m")
