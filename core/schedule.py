@@ -167,9 +167,16 @@ def plan_from_runs(
     runs when. `backward_start` counts runs: the first `backward_start` runs are the forward."""
     graph = problem.graph
     program, start = program_from_runs(graph.ops, runs, backward_start, graph.final_values)
+    return plan_of_program(problem, program, start, method, budget)
+
+
+def plan_of_program(
+    problem: Problem, program: list[Instruction], backward_start: int, method: str, budget: int
+) -> Plan:
+    """A plan of `problem` running `program` (its first `backward_start` steps the forward)."""
     return Plan(
         program,
-        start,
+        backward_start,
         method,
         budget,
         problem.fingerprint,
@@ -181,12 +188,4 @@ def plan_from_runs(
 def store_all_plan(problem: Problem, method: str = "store_all", budget: int = 0) -> Plan:
     """Plain PyTorch: every op once, in order, each value freed after its last use."""
     program, start = store_all_program(problem.graph)
-    return Plan(
-        program,
-        start,
-        method,
-        budget,
-        problem.fingerprint,
-        problem=problem,
-        graph_meta=problem.graph_meta,
-    )
+    return plan_of_program(problem, program, start, method, budget)

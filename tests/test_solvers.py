@@ -208,3 +208,20 @@ def test_keep_set_search_stops_at_its_state_bound_and_says_so():
     assert not free.bounded and bounded.bounded and found
     assert len(bounded.seen) < len(free.seen)
     assert all(o.time >= full.time - 1e-9 for o in found)
+
+
+def test_chain_probes_walk_as_the_plan_simulates():
+    """Rotor's search compares schedules by a recording-free walk, memoised per slot count;
+    a plan made from a probe simulates to the same peak and time, and a repeated budget
+    gives the same program."""
+    from core.solvers.rotor import _plan, _prepared, _probe
+
+    _, _, problem, _ = _setup("gpt-tiny")
+    _, table = _prepared(problem, True)
+    lowest = table.min_slots()
+    for slots in {lowest, (lowest + table.max_slots) // 2, table.max_slots}:
+        probe = _probe(problem, True, slots)
+        sim = _plan(problem, probe, "rockmate", 0).simulate()
+        assert (sim.peak, sim.time) == (probe.peak, probe.time)
+    plan = core.solve(problem, 0.5, "rockmate")
+    assert core.solve(problem, 0.5, "rockmate").program == plan.program

@@ -30,7 +30,8 @@ import numpy as np
 
 from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_from_runs, store_all_plan
+from core.schedule import Plan, plan_of_program, store_all_plan
+from core.simulator import Instruction, program_from_runs, walk_step
 from core.solvers.options import BlockOption, ChainBlock, chain, layout
 
 SLOTS = 1000
@@ -221,44 +222,40 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
     """The least-time chain schedule whose simulated peak fits `budget` (never above it)."""
     if problem.store_all_peak <= budget:  # the DP's rounding must not cost time here
         return store_all_plan(problem, method, budget)
-    blocks, table = _prepared(problem, with_options)
+    _, table = _prepared(problem, with_options)
     fixed = layout(problem).final_forward + layout(problem).constants
     slots = (budget - fixed) // table.slot
     lowest = table.min_slots()
     tried: set[int] = set()
     while lowest is not None and slots >= lowest and slots not in tried:
         tried.add(slots)
-        plan = _plan_at(problem, blocks, table, slots, method, budget)
-        if plan.predicted_peak <= budget:
-            return _loosen(problem, blocks, table, slots, plan, method, budget)
-        slots -= max(1, -(-(plan.predicted_peak - budget) // table.slot))
+        probe = _probe(problem, with_options, slots)
+        if probe.peak <= budget:
+            best = _loosen(problem, with_options, table.max_slots, slots, probe, budget)
+            return _plan(problem, best, method, budget)
+        slots -= max(1, -(-(probe.peak - budget) // table.slot))
     minimum = chain_minimum(problem, with_options)
     if minimum <= budget and lowest is not None:
-        return _plan_at(problem, blocks, table, lowest, method, budget)
+        return _plan(problem, _probe(problem, with_options, lowest), method, budget)
     raise InfeasibleBudget(budget, minimum, method)
 
 
 def _loosen(
-    problem: Problem,
-    blocks: list[ChainBlock],
-    table: Table,
-    slots: int,
-    plan: Plan,
-    method: str,
-    budget: int,
-) -> Plan:
+    problem: Problem, with_options: bool, max_slots: int, slots: int, probe: _Probe, budget: int
+) -> _Probe:
     """The chain model over-counts some memory (values it keeps live for a whole stage), so a
-    plan read at a larger slot count may still fit once simulated exactly. Binary search the
-    slots above `slots` for the fastest plan whose simulated peak fits (a few table reads)."""
-    best, lo, hi = plan, slots, table.max_slots
+    schedule read at a larger slot count may still fit once simulated exactly. Binary search
+    the slots above `slots` for the fastest schedule whose simulated peak fits (a few table
+    reads, each remembered for later budgets)."""
+    best, lo, hi = probe, slots, max_slots
     for _ in range(LOOSEN_PROBES):
         if hi - lo <= 1:
             break
         mid = (lo + hi) // 2
-        trial = _plan_at(problem, blocks, table, mid, method, budget)
-        if trial.predicted_peak <= budget:
+        trial = _probe(problem, with_options, mid)
+        if trial.peak <= budget:
             lo = mid
-            if trial.predicted_time < best.predicted_time:
+            if trial.time < best.time:
                 best = trial
         else:
             hi = mid
@@ -269,19 +266,40 @@ def _loosen(
 def chain_minimum(problem: Problem, with_options: bool) -> int:
     """The smallest simulated peak Rotor (`with_options` False) or Rockmate reaches."""
     method = "rockmate" if with_options else "rotor"
-    blocks, table = _prepared(problem, with_options)
+    _, table = _prepared(problem, with_options)
     lowest = table.min_slots()
     if lowest is None:
         raise InfeasibleBudget(0, problem.store_all_peak, method)
-    return _plan_at(problem, blocks, table, lowest, method, 0).predicted_peak
+    return _probe(problem, with_options, lowest).peak
 
 
-def _plan_at(
-    problem: Problem, blocks: list[ChainBlock], table: Table, slots: int, method: str, budget: int
-) -> Plan:
+@dataclass(frozen=True)
+class _Probe:
+    """The chain schedule read from the table at one slot count, walked once."""
+
+    program: list[Instruction]
+    backward_start: int
+    peak: int
+    time: float
+
+
+@per_problem
+def _probe(problem: Problem, with_options: bool, slots: int) -> _Probe:
+    """The schedule at `slots`, its program and simulated peak and time; memoised per
+    problem, so a new budget re-reads only slot counts no earlier budget read."""
+    blocks, table = _prepared(problem, with_options)
     runs, n_forward = runs_of(blocks, sequence(blocks, table, slots))
     first = list(problem.constant_ops)  # step constants: in no block, computed first
-    return plan_from_runs(problem, first + runs, len(first) + n_forward, method, budget)
+    graph = problem.graph
+    program, start = program_from_runs(
+        graph.ops, first + runs, len(first) + n_forward, graph.final_values
+    )
+    walked = walk_step(graph, program, start)
+    return _Probe(program, start, walked.peak, walked.time)
+
+
+def _plan(problem: Problem, probe: _Probe, method: str, budget: int) -> Plan:
+    return plan_of_program(problem, list(probe.program), probe.backward_start, method, budget)
 
 
 @per_problem
