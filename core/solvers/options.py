@@ -263,7 +263,9 @@ def _compute_options(dag: Dag) -> _Computed:
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
     search = KeepSetSearch(dag)
-    found = [full, *search.options(full)]
+    from core.solvers.nested import nested_options  # nested imports rotor, which imports us
+
+    found = [full, *search.options(full), *nested_options(dag)]
     notes = [f"keep-set search stopped at {search.max_states} states"] if search.bounded else []
     limited = 0
     if any(op.backward for op in dag.ops):
@@ -325,10 +327,13 @@ def _dag_key(dag: Dag) -> str:
 
 def _code_hash() -> str:
     """Hash of the code that computes options (this module, the ILP, the keep-set search,
-    the simulator) and of PuLP's version: a change to any of them is a new cache key."""
+    the simulator, the nested chains and Rotor's table behind them) and of PuLP's version: a
+    change to any of them is a new cache key."""
     h = hashlib.sha256(pulp.__version__.encode())
     for module in (simulator, checkmate, keep_sets, sys.modules[__name__]):
         h.update(Path(str(module.__file__)).read_bytes())
+    for name in ("nested.py", "rotor.py"):  # not imported yet: rotor imports this module
+        h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:16]
 
 
