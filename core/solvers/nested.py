@@ -29,7 +29,7 @@ from core.solvers.options import BlockOption, ChainBlock
 from core.solvers.rotor import compute_table, runs_of, sequence
 
 MIN_FORWARD_OPS = 24  # smaller blocks: the keep-set search and the block ILP suffice
-MAX_SEGMENTS = 24  # inner chain length: the table costs O(n^3) array operations
+MAX_SEGMENTS = 96  # inner chain length: the table costs O(n^3) array operations
 INNER_BUDGETS = 12  # inner budgets read from the table, minimum to store-all
 SLOTS = 400
 
@@ -49,14 +49,20 @@ def nested_options(dag: Dag) -> list[Simulated]:
         for i in range(bounds[s] + 1, bounds[s + 1] + 1):
             seg_of[i] = s
     _assign_backward(dag, seg_of, len(bounds) - 1)
-    blocks = _inner_chain(dag, bounds, seg_of)
+    blocks, far = _inner_chain(dag, bounds, seg_of)
     total = max(1, sum(dag.sizes.values()))
-    # The parameter gradients a block leaves (permanent) fill its backward's end: the table
-    # that counts them keeps much in the forward since it has room early in the backward;
-    # the one that does not trades kept bytes for time all the way down. Both are options.
-    unpinned = [dataclasses.replace(b, permanent=0) for b in blocks]
+    # The chain model counts a gradient read beyond the segment before as live to the end of
+    # the step (`far`), which overstates memory a lot once there is a segment per op; the
+    # parameter gradients (final) fill the backward's end, so a table counting them keeps
+    # much in the forward while it has room early in the backward. Tables with and without
+    # each give different schedules; the simulation ranks them.
+    variants = [
+        [dataclasses.replace(b, permanent=b.permanent + f) for b, f in zip(blocks, far)],
+        blocks,
+        [dataclasses.replace(b, permanent=0) for b in blocks],
+    ]
     found: dict[tuple[int, ...], Simulated] = {}
-    for chain in (blocks, unpinned):
+    for chain in variants:
         table = compute_table(chain, total, SLOTS)
         lowest = table.min_slots()
         if lowest is None:
@@ -91,20 +97,17 @@ def _crossing(dag: Dag) -> tuple[list[set[int]], dict[int, int]]:
 
 
 def _cuts(dag: Dag) -> list[int]:
-    """Positions where the crossing bytes are a local minimum, the MAX_SEGMENTS - 1 smallest;
-    none at or after an op producing a final value (the loss must not run twice)."""
+    """Every position with a crossing set (a segment per op: the table finds the groupings),
+    the MAX_SEGMENTS - 1 smallest when there are more; none at or after an op producing a
+    final value (the loss must not run twice)."""
     nf = dag.n_forward
     crossing, _ = _crossing(dag)
     size = [sum(dag.sizes[v] for v in c) for c in crossing]
     stop = next((i for i, op in enumerate(dag.ops[:nf]) if set(op.outputs) & dag.final), nf - 1)
-    minima = [
-        i
-        for i in range(stop)
-        if crossing[i] and size[i] <= size[i - 1 if i else 0] and size[i] < size[i + 1]
-    ]
-    if len(minima) > MAX_SEGMENTS - 1:
-        minima = sorted(sorted(minima, key=lambda i: size[i])[: MAX_SEGMENTS - 1])
-    return minima
+    cuts = [i for i in range(stop) if crossing[i]]
+    if len(cuts) > MAX_SEGMENTS - 1:
+        cuts = sorted(sorted(cuts, key=lambda i: size[i])[: MAX_SEGMENTS - 1])
+    return cuts
 
 
 def _assign_backward(dag: Dag, seg_of: list[int], n: int) -> None:
@@ -126,9 +129,13 @@ def _assign_backward(dag: Dag, seg_of: list[int], n: int) -> None:
         seg_of[i] = min(home if home >= 0 else n - 1, limit)
 
 
-def _inner_chain(dag: Dag, bounds: list[int], seg_of: list[int]) -> list[ChainBlock]:
-    """Each segment as a ChainBlock with one option keeping what its backward reads; memory
-    figures are the chain model's estimates (upper bounds within the segment)."""
+def _inner_chain(
+    dag: Dag, bounds: list[int], seg_of: list[int]
+) -> tuple[list[ChainBlock], list[int]]:
+    """Each segment as a ChainBlock with one option keeping what its backward reads (memory
+    figures are the chain model's estimates within the segment), its permanent bytes the
+    final values its backward makes; and per segment the bytes of gradients it makes that
+    a segment other than the one before reads."""
     nf, ops, sizes = dag.n_forward, dag.ops, dag.sizes
     crossing, _ = _crossing(dag)
     n = len(bounds) - 1
@@ -140,13 +147,15 @@ def _inner_chain(dag: Dag, bounds: list[int], seg_of: list[int]) -> list[ChainBl
     for i, op in enumerate(ops):
         for v in op.inputs:
             readers.setdefault(v, set()).add(i)
-    grad, permanent = [0] * n, [0] * n
+    grad, permanent, far = [0] * n, [0] * n, [0] * n
     for s in range(n):
         for i in bwd[s]:
             for v in ops[i].outputs:
                 segs = {seg_of[r] for r in readers.get(v, ())} - {s}
-                if v in dag.final or segs - {s - 1}:
+                if v in dag.final:
                     permanent[s] += sizes.get(v, 0)
+                elif segs - {s - 1}:
+                    far[s] += sizes.get(v, 0)
                 elif segs:
                     grad[s] += sizes.get(v, 0)
     out = []
@@ -158,32 +167,29 @@ def _inner_chain(dag: Dag, bounds: list[int], seg_of: list[int]) -> list[ChainBl
         kept = sum(sizes.get(v, 0) for v in read_back - output)
         f_time = sum(ops[i].time for i in fwd[s])
         b_time = sum(ops[i].time for i in bwd[s])
-        fn_peak = _peak(dag, fwd[s], keep=output)
-        fe_peak = _peak(dag, fwd[s], keep=output | read_back)
-        b_peak = _peak(dag, bwd[s], keep=set(), local=set(bwd[s]), readers=readers)
+        fn_peak = _peak(dag, fwd[s], output | dag.final)
+        fe_peak = _peak(dag, fwd[s], output | read_back | dag.final)
+        local = set(bwd[s])
+        leaves = {v for i in bwd[s] for v in ops[i].outputs if readers.get(v, set()) - local}
+        b_peak = _peak(dag, bwd[s], leaves | dag.final)
         option = BlockOption(
             tuple(fwd[s]), tuple(bwd[s]), f_time, fe_peak, kept, True, True, b_time, b_peak
         )
         out.append(
             ChainBlock(out_bytes, grad[s], permanent[s], tuple(fwd[s]), f_time, fn_peak, [option])
         )
-    return out
+    return out, far
 
 
-def _peak(
-    dag: Dag,
-    positions: list[int],
-    keep: set[int],
-    local: set[int] | None = None,
-    readers: dict[int, set[int]] | None = None,
-) -> int:
+def _peak(dag: Dag, positions: list[int], keep: set[int]) -> int:
     """Peak bytes allocated while running `positions`, each value they produce freed after
-    its last read among them unless it is in `keep` (forward) or read outside `local`
-    (backward: then it is a gradient or permanent, held to the end)."""
+    its last read among them (at once when none reads it) unless it is in `keep`."""
     last: dict[int, int] = {}
     for i in positions:
         for v in dag.ops[i].inputs:
             last[v] = i
+        for v in dag.ops[i].outputs:
+            last.setdefault(v, i)
     live = peak = 0
     made: set[int] = set()
     for i in positions:
@@ -191,15 +197,7 @@ def _peak(
             made.add(v)
             live += dag.sizes.get(v, 0)
         peak = max(peak, live)
-        for v in dag.ops[i].outputs:
-            if last.get(v, i) != i or v in keep:
-                continue
-            outside = local is not None and readers is not None and readers.get(v, set()) - local
-            if not outside and v not in dag.final:
+        for v in {*dag.ops[i].inputs, *dag.ops[i].outputs}:
+            if v in made and last[v] == i and v not in keep:
                 live -= dag.sizes.get(v, 0)
-        for v in dag.ops[i].inputs:
-            if v in made and last.get(v) == i and v not in keep:
-                outside = local is not None and readers is not None and readers.get(v, set()) - local
-                if not outside and v not in dag.final:
-                    live -= dag.sizes.get(v, 0)
     return peak
