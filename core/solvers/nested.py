@@ -54,13 +54,16 @@ def nested_options(dag: Dag) -> list[Simulated]:
     # The chain model counts a gradient read beyond the segment before as live to the end of
     # the step (`far`), which overstates memory a lot once there is a segment per op; the
     # parameter gradients (final) fill the backward's end, so a table counting them keeps
-    # much in the forward while it has room early in the backward. Tables with and without
-    # each give different schedules; the simulation ranks them.
-    variants = [
-        [dataclasses.replace(b, permanent=b.permanent + f) for b, f in zip(blocks, far)],
-        blocks,
-        [dataclasses.replace(b, permanent=0) for b in blocks],
-    ]
+    # much in the forward while it has room early in the backward. A segment's option says
+    # whether its backward reads its input and output; saying it reads both (Rotor's
+    # persistent model) reaches lower on some blocks, higher on others. Each table gives
+    # different schedules; the simulation ranks them.
+    variants = []
+    for chain in (blocks, [_persistent(b) for b in blocks]):
+        variants.append(
+            [dataclasses.replace(b, permanent=b.permanent + f) for b, f in zip(chain, far)]
+        )
+        variants += [chain, [dataclasses.replace(b, permanent=0) for b in chain]]
     found: dict[tuple[int, ...], Simulated] = {}
     for chain in variants:
         table = compute_table(chain, total, SLOTS)
@@ -76,6 +79,12 @@ def nested_options(dag: Dag) -> list[Simulated]:
             except InvalidPlan:
                 continue
     return list(found.values())
+
+
+def _persistent(block: ChainBlock) -> ChainBlock:
+    """The block with options that read their input and output."""
+    options = [dataclasses.replace(o, reads_input=True, reads_output=True) for o in block.options]
+    return dataclasses.replace(block, options=options)
 
 
 def _crossing(dag: Dag) -> tuple[list[set[int]], dict[int, int]]:
@@ -172,8 +181,18 @@ def _inner_chain(
         local = set(bwd[s])
         leaves = {v for i in bwd[s] for v in ops[i].outputs if readers.get(v, set()) - local}
         b_peak = _peak(dag, bwd[s], leaves | dag.final)
+        inputs = set(crossing[bounds[s]]) if s > 0 else set()
+        reads = {v for i in bwd[s] for v in ops[i].inputs}
         option = BlockOption(
-            tuple(fwd[s]), tuple(bwd[s]), f_time, fe_peak, kept, True, True, b_time, b_peak
+            tuple(fwd[s]),
+            tuple(bwd[s]),
+            f_time,
+            fe_peak,
+            kept,
+            bool(reads & output & mine),
+            bool(reads & inputs),
+            b_time,
+            b_peak,
         )
         out.append(
             ChainBlock(out_bytes, grad[s], permanent[s], tuple(fwd[s]), f_time, fn_peak, [option])
