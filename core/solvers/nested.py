@@ -7,8 +7,9 @@ only from the keep-set search and a node-limited block ILP, which reach little o
 
 Inside such a block every position between two forward ops is a cut whose crossing set is
 the values produced before it and read after it (a skip is in every crossing set of its
-span). Cutting where those sets are smallest gives an inner chain of segments; each segment
-runs forward keeping everything its backward reads (one store-all option, as in Rotor), and
+span). Cutting at every such position (a segment per op; Rotor's table finds the groupings)
+gives an inner chain of segments; each segment runs forward keeping everything its backward
+reads (one store-all option, as in Rotor: segments do not get options of their own), and
 Rotor's table over that chain (`core.solvers.rotor.compute_table`, crossing sets as outputs)
 gives, for each inner budget, a schedule: a first sweep of forwards (each op once, in
 order: the block's forward) and the backward with its recomputes (the block's backward).
@@ -87,9 +88,9 @@ def _persistent(block: ChainBlock) -> ChainBlock:
     return dataclasses.replace(block, options=options)
 
 
-def _crossing(dag: Dag) -> tuple[list[set[int]], dict[int, int]]:
+def _crossing(dag: Dag) -> list[set[int]]:
     """For each position i (between forward ops i and i+1), the sized values produced at or
-    before i and read by a forward op after it; and each forward value's producer position."""
+    before i and read by a forward op after it."""
     nf = dag.n_forward
     producer = {v: i for i, op in enumerate(dag.ops[:nf]) for v in op.outputs}
     last: dict[int, int] = {}
@@ -102,7 +103,7 @@ def _crossing(dag: Dag) -> tuple[list[set[int]], dict[int, int]]:
         if dag.sizes.get(v, 0):
             for i in range(p, last.get(v, p)):
                 crossing[i].add(v)
-    return crossing, producer
+    return crossing
 
 
 def _cuts(dag: Dag) -> list[int]:
@@ -110,7 +111,7 @@ def _cuts(dag: Dag) -> list[int]:
     the MAX_SEGMENTS - 1 smallest when there are more; none at or after an op producing a
     final value (the loss must not run twice)."""
     nf = dag.n_forward
-    crossing, _ = _crossing(dag)
+    crossing = _crossing(dag)
     size = [sum(dag.sizes[v] for v in c) for c in crossing]
     stop = next((i for i, op in enumerate(dag.ops[:nf]) if set(op.outputs) & dag.final), nf - 1)
     cuts = [i for i in range(stop) if crossing[i]]
@@ -146,7 +147,7 @@ def _inner_chain(
     final values its backward makes; and per segment the bytes of gradients it makes that
     a segment other than the one before reads."""
     nf, ops, sizes = dag.n_forward, dag.ops, dag.sizes
-    crossing, _ = _crossing(dag)
+    crossing = _crossing(dag)
     n = len(bounds) - 1
     fwd = [list(range(bounds[s] + 1, bounds[s + 1] + 1)) for s in range(n)]
     bwd: list[list[int]] = [[] for _ in range(n)]
