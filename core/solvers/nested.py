@@ -10,7 +10,7 @@ the values produced before it and read after it (a skip is in every crossing set
 span). Cutting at every such position (a segment per op; Rotor's table finds the groupings)
 gives an inner chain of segments; each segment runs forward keeping everything its backward
 reads (one store-all option, as in Rotor: segments do not get options of their own), and
-Rotor's table over that chain (`core.solvers.rotor.compute_table`, crossing sets as outputs)
+Rotor's table over that chain (`core.solvers.rotor_table.compute_table`, crossing sets as outputs)
 gives, for each inner budget, a schedule: a first sweep of forwards (each op once, in
 order: the block's forward) and the backward with its recomputes (the block's backward).
 Each schedule is simulated exactly on the block's Dag and becomes one more option, so the
@@ -29,8 +29,7 @@ import numpy as np
 from core.problem import Problem, per_problem
 from core.schedule import Plan, plan_from_runs
 from core.simulator import Dag, InvalidPlan, Simulated, graph_dag, simulated
-from core.solvers.options import BlockOption, ChainBlock
-from core.solvers.rotor import compute_table, runs_of, sequence
+from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, runs_of, sequence
 
 MIN_FORWARD_OPS = 24  # smaller blocks: the keep-set search and the block ILP suffice
 MAX_SEGMENTS = 96  # inner chain length: the table costs O(n^3) array operations
