@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from core.errors import InfeasibleBudget
 from core.problem import Problem
 from core.schedule import Plan
-from core.solvers import solve
+from core.solvers import rockmate, solve
 from core.solvers.rotor import chain_minimum
-
-CHAIN_METHODS = ("rotor", "rockmate")
 
 
 @dataclass(frozen=True)
@@ -23,8 +21,10 @@ class TradeoffPoint:
 
 def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
     """The smallest budget (bytes) `method` can meet on this problem."""
-    if method in CHAIN_METHODS:
-        return chain_minimum(problem, method == "rockmate")
+    if method == "rockmate":
+        return rockmate.minimum(problem)
+    if method == "rotor":
+        return chain_minimum(problem, False)
     try:
         return solve(problem, 1, method).predicted_peak
     except InfeasibleBudget as e:

@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from core.simulator import Dag, DagOp
 from core.solvers.checkmate import solve_ilp
-from core.solvers.options import BlockOption, ChainBlock
-from core.solvers.rotor import compute_table, sequence
+from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, sequence
 
 # ---- Rotor on abstract chains -------------------------------------------------------------
 

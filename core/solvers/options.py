@@ -8,8 +8,8 @@ or a final value (parameter gradients), stays live to the end of the step (`perm
 chain model counts it from its stage on, which is exact for final values and safe otherwise.
 
 An option of block j is a pair of run lists over the block's ops: its forward (all forward ops,
-in order) and its backward (the stage's ops with the recomputes the block ILP or the keep-set
-search chose). Each is simulated with `simulate_runs` under the same free-after-last-read
+in order) and its backward (the stage's ops with the recomputes the block ILP, the keep-set
+search or, in a block that is not a chain inside, Rotor on its inner chain (`nested`) chose). Each is simulated with `simulate_runs` under the same free-after-last-read
 rule as `plan_from_runs`, so its figures are exact for the block; options are cached per
 block shape (which covers the cost model: op times are part of it) in memory and on disk,
 keyed by a hash of the code that computes them; the chain is memoised per problem.
@@ -31,9 +31,11 @@ import pulp
 from core import simulator
 from core.problem import Problem, per_problem
 from core.simulator import Dag, DagOp, InvalidPlan, Simulated, kept_bytes, simulate_runs, simulated
-from core.solvers import checkmate, keep_sets
+from core.solvers import checkmate, keep_sets, nested, rotor_table
 from core.solvers.checkmate import DEFAULT_SOLVER, solve_ilp
 from core.solvers.keep_sets import MAX_STATES, KeepSetSearch
+from core.solvers.nested import nested_options
+from core.solvers.rotor_table import BlockOption, ChainBlock
 
 log = logging.getLogger(__name__)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
@@ -66,40 +68,6 @@ class _Computed:
 
 
 _MEMORY: dict[str, _Computed] = {}  # block key -> options, least recently used first
-
-
-@dataclass(frozen=True)
-class BlockOption:
-    """One way to run a block: Fe keeps `kept` bytes (plus its output if `reads_output`)."""
-
-    forward_runs: tuple[int, ...]  # graph op indices
-    backward_runs: tuple[int, ...]
-    forward_time: float
-    forward_peak: int  # bytes above what was live before the forward (output included)
-    kept: int  # bytes kept for the backward, the block's output excluded
-    reads_output: bool  # the backward reads the block's output: it stays until then
-    reads_input: bool  # the backward reads the block's input: else it can go after the forward
-    backward_time: float
-    backward_peak: int  # bytes above what was live before the backward
-    # the backward reads what the forward left (kept values or the output); without it, a
-    # recompute that ends with this block need not run its forward again (a Linear's weight
-    # gradient reads only the block's input)
-    needs_forward: bool = True
-
-
-@dataclass
-class ChainBlock:
-    """What Rotor needs of one block."""
-
-    output: int  # bytes of its output (the next block's input); 0 for the last block
-    grad: int  # bytes of the gradient its backward hands to the previous block
-    permanent: int  # bytes its backward leaves live to the end of the step
-    forward_runs: tuple[int, ...]
-    forward_time: float
-    forward_peak: int  # Fn / Fck: forward keeping nothing but the output
-    options: list[BlockOption]
-    ilps_limited: int = 0  # block ILPs a limit stopped short of optimal for these options
-    search_note: str | None = None  # why the block's option search stopped early, if it did
 
 
 @dataclass
@@ -272,7 +240,7 @@ def _compute_options(dag: Dag) -> _Computed:
     top = max(full.stats.forward_peak, full.stats.backward_peak)
     activations = sum(dag.sizes.get(v, 0) for v in full.stats.kept)
     search = KeepSetSearch(dag)
-    found = [full, *search.options(full)]
+    found = [full, *search.options(full), *nested_options(dag)]
     notes = [f"keep-set search stopped at {search.max_states} states"] if search.bounded else []
     limited = 0
     if len(dag.ops) > ILP_MAX_OPS:
@@ -341,9 +309,10 @@ def _dag_key(dag: Dag) -> str:
 
 def _code_hash() -> str:
     """Hash of the code that computes options (this module, the ILP, the keep-set search,
-    the simulator) and of PuLP's version: a change to any of them is a new cache key."""
+    the simulator, the nested chains and Rotor's table behind them) and of PuLP's version: a
+    change to any of them is a new cache key."""
     h = hashlib.sha256(pulp.__version__.encode())
-    for module in (simulator, checkmate, keep_sets, sys.modules[__name__]):
+    for module in (simulator, checkmate, keep_sets, nested, rotor_table, sys.modules[__name__]):
         h.update(Path(str(module.__file__)).read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,23 +1,8 @@
 """Rotor (Beaumont et al., 2019/2021): optimal checkpointing of a heterogeneous chain, with
-several options per block as in Rockmate.
-
-C(s, t, m) is the least time to run the backward of blocks s..t when the input of block s is
-live (and stays so: the caller owns it), the gradient of block t's output is live, and m bytes
-are free for everything else. Either block s runs Fe with an option (keeping its activations)
-and the rest is solved with what is left, or blocks s..j-1 run forward keeping nothing
-(Fck for s, Fn after), j..t is solved with block j's input kept, then s..j-1 with the
-gradients j..t left behind. A one-block sub-chain whose option's backward reads nothing its
-forward leaves (a Linear's weight gradient reads the input only) skips that forward: it can
-only be a recompute, as every block first runs in a sub-chain that ends with the last block.
-Memory is counted in slots (sizes rounded up, budgets down); the table is computed once up
-to the store-all peak and memoised per problem, so a new budget is a table read, the
-program and one simulation.
-
-Like Rotor's, the recurrence is optimal among persistent schedules only: a block output that
-a forward reads while it stays live (a checkpoint) is kept until the backward that reads it.
-Dropping a used checkpoint and getting it back later from an earlier one can be cheaper (a
-4-block case: 11 against the table's 12, pinned in tests/test_solver_properties.py); the
-table never claims less time than its schedule takes.
+several options per block as in Rockmate, over the problem's chain of blocks. The table and
+its recurrence are in `core.solvers.rotor_table`; it is computed once up to twice the
+store-all peak and memoised per problem, so a new budget is a table read, the program and
+one simulation.
 
 Method "rotor" gives each block a single option, keeping everything its backward reads.
 """
@@ -26,196 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
 from core.schedule import Plan, plan_of_program, store_all_plan
 from core.simulator import Instruction, program_from_runs, walk_step
-from core.solvers.options import BlockOption, ChainBlock, chain, layout
-
-SLOTS = 1000
-_LEAF = 1 << 20
-_KEEP_INPUT = -2  # a sub-chain that keeps its input throughout
-
+from core.solvers.options import chain, layout
+from core.solvers.rotor_table import ChainBlock, Table, compute_table, runs_of, sequence
 
 LOOSEN_PROBES = 10  # table reads spent looking above the chain model's answer
-
-
-@dataclass
-class Table:
-    """Rotor's table over sub-chains and memory slots."""
-
-    slot: int  # bytes per slot
-    cost: dict[tuple[int, int], np.ndarray]  # (s, t) -> least time for each number of slots
-    what: dict[tuple[int, int], np.ndarray]  # choice: option index, or _LEAF + j
-    free_what: dict[tuple[int, int], np.ndarray]  # input counted: option, or _KEEP_INPUT
-    out: list[int]  # slots of each block's output
-
-    def best(self, slots: int) -> float:
-        n = max(s for s, _ in self.cost) + 1
-        arr = self.cost[(0, n - 1)]
-        return float(arr[min(slots, len(arr) - 1)]) if slots >= 0 else float("inf")
-
-    @property
-    def max_slots(self) -> int:
-        n = max(s for s, _ in self.cost) + 1
-        return len(self.cost[(0, n - 1)]) - 1
-
-    def min_slots(self) -> int | None:
-        n = max(s for s, _ in self.cost) + 1
-        finite = np.flatnonzero(np.isfinite(self.cost[(0, n - 1)]))
-        return int(finite[0]) if len(finite) else None
-
-
-def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) -> Table:
-    """Fill C(s, t, m) for every sub-chain and m = 0..slots (each slot max_bytes/slots).
-
-    Two tables: `keep` for a sub-chain whose input its caller keeps (outside m), as in
-    Rotor, and `free` for one whose input is counted in m and can be dropped as soon as no
-    option of the sub-chain still needs it (a ReLU's backward reads its output, not its
-    input). A checkpointed sub-chain, or one after an option that does not read its output,
-    is solved with `free`.
-    """
-    slot = max(1, -(-max_bytes // slots))
-    n = len(blocks)
-
-    def q(b: int) -> int:
-        return -(-b // slot)
-
-    out = [q(b.output) for b in blocks]
-    grad = [q(b.grad) for b in blocks] + [0]
-    perm = np.cumsum([0] + [q(b.permanent) for b in blocks])  # P(s..t) = perm[t+1] - perm[s]
-    fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
-    m = np.arange(slots + 1)
-    inf = np.inf
-    keep_cost: dict[tuple[int, int], np.ndarray] = {}
-    keep_what: dict[tuple[int, int], np.ndarray] = {}
-    free_cost: dict[tuple[int, int], np.ndarray] = {}
-    free_what: dict[tuple[int, int], np.ndarray] = {}
-
-    def shift(arr: np.ndarray, k: int) -> np.ndarray:
-        if k <= 0:
-            return arr
-        res = np.full_like(arr, inf)
-        if k < len(arr):
-            res[k:] = arr[:-k]
-        return res
-
-    def better(best, what, val, choice) -> None:
-        mask = val < best
-        best[mask], what[mask] = val[mask], choice
-
-    for d in range(n):
-        for s in range(n - d):
-            t = s + d
-            inp = out[s - 1] if s > 0 else 0
-            k_best, k_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
-            f_best, f_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
-            after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
-            for i, o in enumerate(blocks[s].options):
-                kept = q(o.kept) + (out[s] if o.reads_output else 0)
-                fwd_need = grad[t + 1] + q(o.forward_peak)
-                bwd_need = grad[s + 1] + after + kept + q(o.backward_peak)
-                fwd_time = o.forward_time
-                if _skips_forward(blocks, s, t, o):
-                    fwd_need, fwd_time = 0, 0.0
-                rest: float | np.ndarray
-                if d == 0:
-                    rest = 0.0
-                elif o.reads_output:  # the output stays until this backward: keep it
-                    rest = shift(keep_cost[(s + 1, t)], out[s] + q(o.kept))
-                else:  # the sub-chain may drop the output once it is done with it
-                    rest = shift(free_cost[(s + 1, t)], q(o.kept))
-                val = fwd_time + o.backward_time + rest
-                better(k_best, k_what, np.where((m >= fwd_need) & (m >= bwd_need), val, inf), i)
-                if not o.reads_input:  # the input can go once this forward has run
-                    ok = (m >= inp + fwd_need) & (m >= bwd_need)
-                    better(f_best, f_what, np.where(ok, val, inf), i)
-            need = 0
-            for j in range(s + 1, t + 1):
-                i = j - 1  # block i runs forward keeping nothing but its output
-                need = max(
-                    need, grad[t + 1] + (out[i - 1] if i > s else 0) + q(blocks[i].forward_peak)
-                )
-                val = (
-                    fwd_t[j]
-                    - fwd_t[s]
-                    + free_cost[(j, t)]
-                    + shift(keep_cost[(s, j - 1)], int(perm[t + 1] - perm[j]))
-                )
-                better(k_best, k_what, np.where(m >= need, val, inf), _LEAF + j)
-            keep_cost[(s, t)], keep_what[(s, t)] = k_best, k_what
-            # with its input counted, a sub-chain either drops it early or keeps it throughout
-            better(f_best, f_what, shift(k_best, inp), _KEEP_INPUT)
-            free_cost[(s, t)], free_what[(s, t)] = f_best, f_what
-    return Table(slot, keep_cost, keep_what, free_what, out)
-
-
-def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
-    """The schedule for `slots`: ("F", j), ("Fe", j, option), ("B", j, option)."""
-    q = lambda b: -(-b // table.slot)  # noqa: E731
-    out: list[tuple] = []
-
-    def option(s: int, t: int, m: int, c: int) -> None:
-        o = blocks[s].options[c]
-        if not _skips_forward(blocks, s, t, o):
-            out.append(("Fe", s, c))
-        if t > s and o.reads_output:
-            keep(s + 1, t, m - q(blocks[s].output) - q(o.kept))
-        elif t > s:
-            free(s + 1, t, m - q(o.kept))
-        out.append(("B", s, c))
-
-    def keep(s: int, t: int, m: int) -> None:
-        """Sub-chain s..t whose input the caller keeps (outside m)."""
-        c = int(table.what[(s, t)][m])
-        if c < 0:
-            raise ValueError("infeasible sub-chain")
-        if c >= _LEAF:
-            j = c - _LEAF
-            out.extend(("F", i) for i in range(s, j))
-            free(j, t, m)
-            perm = sum(q(b.permanent) for b in blocks[j : t + 1])
-            keep(s, j - 1, m - perm)
-            return
-        option(s, t, m, c)
-
-    def free(s: int, t: int, m: int) -> None:
-        """Sub-chain s..t whose input is counted in m and may be dropped when unused."""
-        c = int(table.free_what[(s, t)][m])
-        if c == _KEEP_INPUT:
-            keep(s, t, m - (table.out[s - 1] if s > 0 else 0))
-        elif c < 0:
-            raise ValueError("infeasible sub-chain")
-        else:
-            option(s, t, m, c)
-
-    keep(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
-    return out
-
-
-def _skips_forward(blocks: list[ChainBlock], s: int, t: int, o: BlockOption) -> bool:
-    """A sub-chain of one block whose option's backward reads nothing its forward leaves:
-    the output is not needed either (the gradient has arrived), so the forward is not rerun.
-    Never the last block: its forward's first run is the step's output."""
-    return s == t < len(blocks) - 1 and not o.needs_forward
-
-
-def runs_of(blocks: list[ChainBlock], seq: list[tuple]) -> tuple[list[int], int]:
-    """Op runs of a schedule, and how many of them run in the forward pass."""
-    runs: list[int] = []
-    n_forward = None
-    for step in seq:
-        if step[0] == "F":
-            runs.extend(blocks[step[1]].forward_runs)
-        elif step[0] == "Fe":
-            runs.extend(blocks[step[1]].options[step[2]].forward_runs)
-        else:
-            if n_forward is None:
-                n_forward = len(runs)
-            runs.extend(blocks[step[1]].options[step[2]].backward_runs)
-    return runs, len(runs) if n_forward is None else n_forward
 
 
 def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -> Plan:
