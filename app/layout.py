@@ -276,14 +276,19 @@ def _graph_card():
     ]
 
 
+def _plot(id_: str, height: int) -> dcc.Graph:
+    """An empty zoomable figure the callbacks fill (no lasso or box select: nothing to select)."""
+    return dcc.Graph(
+        id=id_,
+        figure={"data": [], "layout": {"height": height}},
+        config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
+    )
+
+
 def _timeline_card():
     return [
         html.H2("Memory timeline"),
-        dcc.Graph(
-            id=ids.TIMELINE,
-            figure={"data": [], "layout": {"height": 340}},
-            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
-        ),
+        _plot(ids.TIMELINE, 340),
         html.Div(
             className="stepper",
             children=[
@@ -332,11 +337,7 @@ def _timeline_card():
             "them). Point at a band for the op, the module and the line of Python that made it.",
             className="hint",
         ),
-        dcc.Graph(
-            id=ids.TENSORS,
-            figure={"data": [], "layout": {"height": 380}},
-            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
-        ),
+        _plot(ids.TENSORS, 380),
         html.H2("Addresses: one arena for the whole step"),
         html.P(
             "Where each storage would sit if the step ran in one block of memory laid out in "
@@ -345,11 +346,7 @@ def _timeline_card():
             "peak is fragmentation, the memory a static allocator pays beyond the peak.",
             className="hint",
         ),
-        dcc.Graph(
-            id=ids.ARENA,
-            figure={"data": [], "layout": {"height": 420}},
-            config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
-        ),
+        _plot(ids.ARENA, 420),
     ]
 
 

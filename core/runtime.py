@@ -411,7 +411,7 @@ def apply_plan(
                 "the plan was made for another graph: "
                 + describe_difference(mine.graph.trace, plan.graph_meta)
             )
-    check_program(plan, plan._attached())
+    check_program(plan, plan.attached_problem())
     return PlannedModule(model, graph, plan, loss_fn)
 
 

@@ -56,7 +56,7 @@ class Plan:
         self._sim = None
         return self
 
-    def _attached(self) -> Problem:
+    def attached_problem(self) -> Problem:
         """The problem the plan is attached to; RematError when it is not attached."""
         if self.problem is None:
             raise RematError("this plan is not attached to a problem: call plan.attach()")
@@ -65,7 +65,7 @@ class Plan:
     def simulate(self) -> Simulation:
         """Walk the program once (cached): timeline, peak and time."""
         if self._sim is None:
-            problem = self._attached()
+            problem = self.attached_problem()
             self._sim = simulate(
                 problem.graph,
                 problem.block_of_op,
@@ -96,7 +96,7 @@ class Plan:
         """Predicted time over the store-all time: 1.0 means no recomputation."""
         if self.problem is None and self.saved_prediction:
             return self.saved_prediction[2]
-        return self.predicted_time / self._attached().store_all_time
+        return self.predicted_time / self.attached_problem().store_all_time
 
     @property
     def predicted_host_bytes(self) -> int:

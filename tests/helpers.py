@@ -10,11 +10,24 @@ import torch
 from torch import nn
 
 from core.memory import StorageTracker, step_tensors
+from core.simulator import DagOp
 from sample_models import build
 
 # bytes a measured step holds beyond the plan's prediction: the float32 scalar seed that
 # loss.backward() allocates (torch.ones_like(loss)), which the traced step receives as input
 SEED_BYTES = 4
+
+# A toy step for the simulator's tests, x -> a -> b -> loss; backward: db reads b, da reads a
+# and db. Values: 0 x (placeholder), 1 a, 2 b, 3 loss, 4 db, 5 da.
+TOY_OPS = [
+    DagOp((0,), (1,), 1.0, False),  # a = f(x)
+    DagOp((1,), (2,), 2.0, False),  # b = g(a)
+    DagOp((2,), (3,), 1.0, False),  # loss = h(b)
+    DagOp((2,), (4,), 1.0, True),  # db
+    DagOp((1, 4), (5,), 1.0, True),  # da (final)
+]
+TOY_SIZES = {1: 10, 2: 100, 3: 1, 4: 100, 5: 10}
+TOY_FINAL = frozenset({3, 5})
 
 
 def fresh(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

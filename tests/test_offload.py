@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import SEED_BYTES, assert_same_grads, fresh, measured_step
+from helpers import (
+    SEED_BYTES,
+    TOY_FINAL,
+    TOY_OPS,
+    TOY_SIZES,
+    assert_same_grads,
+    fresh,
+    measured_step,
+)
 
 import core
 from core.errors import InfeasibleBudget, PlanFileError
@@ -26,16 +34,8 @@ from core.solvers.offload import MIN_BYTES, with_transfer
 from core.validate import check_program
 from sample_models import SMALL
 
-# x -> a -> b -> loss; backward: db reads b, da reads a and db (as in test_simulator)
-OPS = [
-    DagOp((0,), (1,), 1.0, False),  # a = f(x)
-    DagOp((1,), (2,), 2.0, False),  # b = g(a)
-    DagOp((2,), (3,), 1.0, False),  # loss = h(b)
-    DagOp((2,), (4,), 1.0, True),  # db
-    DagOp((1, 4), (5,), 1.0, True),  # da (final)
-]
-SIZES = {1: 10, 2: 100, 3: 1, 4: 100, 5: 10}
-FINAL = frozenset({3, 5})
+OPS, SIZES = TOY_OPS, TOY_SIZES  # x -> a -> b -> loss (tests/helpers.py)
+FINAL = TOY_FINAL
 LINK = Link(d2h=10.0, h2d=5.0)  # bytes/s: a (10 bytes) goes out in 1 s, comes back in 2 s
 
 

@@ -4,13 +4,13 @@ fates the app reads (against a plain re-walk of the program)."""
 from __future__ import annotations
 
 import pytest
+from helpers import TOY_OPS, TOY_SIZES
 
 import core
 from core.simulator import (
     FREE,
     RUN,
     Dag,
-    DagOp,
     InvalidPlan,
     program_from_runs,
     simulated,
@@ -18,15 +18,7 @@ from core.simulator import (
 )
 from sample_models import build
 
-# x -> a -> b -> loss; backward: db reads b, da reads a and db
-OPS = [
-    DagOp((0,), (1,), 1.0, False),  # a = f(x)
-    DagOp((1,), (2,), 2.0, False),  # b = g(a)
-    DagOp((2,), (3,), 1.0, False),  # loss = h(b)
-    DagOp((2,), (4,), 1.0, True),  # db
-    DagOp((1, 4), (5,), 1.0, True),  # da (final)
-]
-SIZES = {1: 10, 2: 100, 3: 1, 4: 100, 5: 10}
+OPS, SIZES = TOY_OPS, TOY_SIZES  # x -> a -> b -> loss (tests/helpers.py)
 DAG = Dag(OPS, SIZES, final=frozenset({3, 5}))
 
 

@@ -382,12 +382,12 @@ def test_keep_set_options_are_valid_schedules(case):
     in order, recomputes only what is missing (simulate_runs raises on a missing input), is
     never faster than store-all, and the least-kept search drops everything droppable."""
     from core.simulator import kept_bytes, simulated
-    from core.solvers.keep_sets import keep_set_options
+    from core.solvers.keep_sets import KeepSetSearch
 
     dag, _ = case
     nf = dag.n_forward
     full = simulated(dag, list(range(len(dag.ops))))
-    found = keep_set_options(dag, full)
+    found = KeepSetSearch(dag).options(full)
     for option in found:
         assert list(option.runs[:nf]) == list(range(nf))
         assert [i for i in option.runs[nf:] if i >= nf] == list(range(nf, len(dag.ops)))

@@ -28,11 +28,6 @@ MAX_STATES = 6000
 _State = tuple[frozenset[int], frozenset[int], Simulated]  # kept, transient, option
 
 
-def keep_set_options(dag: Dag, full: Simulated) -> list[Simulated]:
-    """Options from keep sets, starting from store-all (`full`); see `KeepSetSearch`."""
-    return KeepSetSearch(dag).options(full)
-
-
 @dataclass
 class KeepSetSearch:
     """Beam search over (kept set, transient set); each state is simulated once.

@@ -78,31 +78,35 @@ def chain_minimum(problem: Problem, with_options: bool) -> int:
 
 @dataclass(frozen=True)
 class _Probe:
-    """The chain schedule read from the table at one slot count, walked once."""
+    """The chain schedule read from the table at one slot count, walked once: its figures
+    only (a program per slot count would hold megabytes on a big model)."""
 
-    program: list[Instruction]
-    backward_start: int
+    with_options: bool
+    slots: int
     peak: int
     time: float
 
 
 @per_problem
 def _probe(problem: Problem, with_options: bool, slots: int) -> _Probe:
-    """The schedule at `slots`, its program and simulated peak and time; memoised per
-    problem, so a new budget re-reads only slot counts no earlier budget read."""
+    """The simulated peak and time of the schedule at `slots`; memoised per problem, so a
+    new budget walks only slot counts no earlier budget walked."""
+    walked = walk_step(problem.graph, *_program(problem, with_options, slots))
+    return _Probe(with_options, slots, walked.peak, walked.time)
+
+
+def _program(problem: Problem, with_options: bool, slots: int) -> tuple[list[Instruction], int]:
+    """The program of the chain schedule at `slots` (step constants first, in no block)."""
     blocks, table = _prepared(problem, with_options)
     runs, n_forward = runs_of(blocks, sequence(blocks, table, slots))
-    first = list(problem.constant_ops)  # step constants: in no block, computed first
+    first = list(problem.constant_ops)
     graph = problem.graph
-    program, start = program_from_runs(
-        graph.ops, first + runs, len(first) + n_forward, graph.final_values
-    )
-    walked = walk_step(graph, program, start)
-    return _Probe(program, start, walked.peak, walked.time)
+    return program_from_runs(graph.ops, first + runs, len(first) + n_forward, graph.final_values)
 
 
 def _plan(problem: Problem, probe: _Probe, method: str, budget: int) -> Plan:
-    return plan_of_program(problem, list(probe.program), probe.backward_start, method, budget)
+    program, start = _program(problem, probe.with_options, probe.slots)
+    return plan_of_program(problem, program, start, method, budget)
 
 
 @per_problem
