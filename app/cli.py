@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--app", action="store_true", help="app slider latency in a browser")
     s.set_defaults(run=_bench)
 
+    s = sub.add_parser("link", help="measure the host link offloading plans copy over")
+    s.add_argument("--device", default=None, help="torch device (default: cuda if present)")
+    s.set_defaults(run=_link)
+
     s = sub.add_parser("app", help="serve the Dash app")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_port, default=8050, help="TCP port, 0-65535")
@@ -161,6 +165,23 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
             f"{fmt_bytes(sim.host_peak)} on the host (pool {fmt_bytes(sim.host_pool)}), "
             f"compute waits {sim.stall * 1e3:.2f} ms for prefetches"
         )
+    return 0
+
+
+def _link(args: argparse.Namespace, rest: list[str]) -> int:
+    import torch
+
+    from core.costs import LINK_BYTES, measure_link
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    link = measure_link(device)
+    print(
+        f"{device}: device-to-host {link.d2h / 1e9:.1f} GB/s, host-to-device "
+        f"{link.h2d / 1e9:.1f} GB/s (median of 5 copies of {fmt_bytes(LINK_BYTES)} each way"
+        + (", pinned host buffer, CUDA events)" if device.startswith("cuda") else ", a memcpy)")
+    )
+    if not device.startswith("cuda"):
+        print("on CPU, host and device are one memory: plans use the cpu preset's link")
     return 0
 
 

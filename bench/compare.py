@@ -39,7 +39,7 @@ import sample_models
 from bench.report import Row, environment, print_tables, write_results
 from core.errors import fmt_bytes
 from core.frontier import minimum_budget
-from core.memory import StorageTracker, step_tensors
+from core.memory import StorageTracker, host_copy, step_tensors
 from core.schedule import Plan
 from core.solvers import available_methods
 
@@ -48,7 +48,7 @@ QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 # strategy's step with an eager one would take hours (`--models gpt2-small --reps 2` runs it).
 SLOW_MODELS = ["gpt2-small"]
 FULL_MODELS = [m for m in sample_models.names() if m not in SLOW_MODELS]
-OUR_METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate")
+OUR_METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "offload")
 # fractions of problem.store_all_peak, plus the minimum feasible; 25% is the goal's point
 OUR_BUDGETS = (0.7, 0.5, 0.3, 0.25)
 COMPILE_BUDGETS = (0.5, 0.2)  # torch._functorch.config.activation_memory_budget
@@ -174,6 +174,39 @@ def _patched_step(model: nn.Module, blocks: list[nn.Module], wrap) -> StepFn:
     return step
 
 
+@contextmanager
+def save_on_host(device: torch.device):
+    """PyTorch's own offloading: every tensor autograd saves goes to host memory and comes back
+    for the backward. On CUDA, `torch.autograd.graph.save_on_cpu(pin_memory=True)` itself. On
+    CPU, where host and device are one memory and `save_on_cpu` would copy nothing, the same
+    pack and unpack: a copy into host storage the tracker does not count (as the runtime's
+    host pool), and a fresh device copy for each unpack, which it does count."""
+    if device.type != "cpu":
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            yield
+        return
+
+    def unpack(host: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(host)
+        out.copy_(host)
+        return out
+
+    with torch.autograd.graph.saved_tensors_hooks(host_copy, unpack):
+        yield
+
+
+def _offloaded_step(model: nn.Module, blocks: list[nn.Module]) -> StepFn:
+    device = next(model.parameters()).device
+
+    def step(inputs):
+        with save_on_host(device), _patched_forward(blocks, _checkpointed):
+            loss = model(*inputs)
+        loss.backward()
+        return loss
+
+    return step
+
+
 def _compile_backend(name: str, budget: float):
     """A backend with its own identity (so dynamo keeps one cache entry per strategy) that
     partitions with `activation_memory_budget = budget`."""
@@ -189,6 +222,10 @@ def _compile_backend(name: str, budget: float):
     return backend
 
 
+def _on_cpu(model: nn.Module) -> bool:
+    return next(model.parameters()).device.type == "cpu"
+
+
 def pytorch_strategies(
     model: nn.Module, compile_backends: Sequence[str] = ("aot_eager_decomp_partition",)
 ) -> list[Strategy]:
@@ -197,6 +234,16 @@ def pytorch_strategies(
     n = len(blocks)
     kind = type(blocks[0]).__name__ if blocks else "block"
     out = [Strategy("eager", "eager PyTorch", "pytorch", "-", _eager_step(model))]
+    host = " [CPU: emulated]" if _on_cpu(model) else ""
+    out.append(
+        Strategy(
+            "soc",
+            f"torch save_on_cpu, every saved tensor{host}",
+            "pytorch",
+            "-",
+            _offloaded_step(model, []),
+        )
+    )
     if blocks:
         out += [
             Strategy(
@@ -219,6 +266,13 @@ def pytorch_strategies(
                 "pytorch",
                 "-",
                 _patched_step(model, blocks, lambda fn: _checkpointed(fn, context_fn=_sac_context)),
+            ),
+            Strategy(
+                "soc+ckpt",
+                f"torch save_on_cpu + checkpoint, every block{host}",
+                "pytorch",
+                "-",
+                _offloaded_step(model, blocks),
             ),
         ]
     for backend in compile_backends:

@@ -178,7 +178,11 @@ def write_markdown(rows: Sequence[Row], path: Path, reps: int | None = None) -> 
     lines.append(
         "\nPeak: bytes beyond parameters and inputs, from `core.memory.StorageTracker` around "
         "the real step; `*`: from the allocator profile (inductor), against eager under the "
-        "same profile. DIFFERS: gradients fail `torch.testing.assert_close` against eager."
+        "same profile. DIFFERS: gradients fail `torch.testing.assert_close` against eager. "
+        "Host memory is not in the peak: `torch save_on_cpu` and `ours offload` park tensors "
+        "there. On CPU, host and device are one memory, so `save_on_cpu` is emulated (the same "
+        "copies, into storage the tracker does not count, as for our offload plans) and its "
+        "copies run at memcpy speed, not at a GPU's host-link speed."
     )
     for model, group in by_model(rows).items():
         lines.append(f"\n## {model}\n\n{sample_models.describe(model)}\n")

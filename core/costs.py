@@ -8,6 +8,7 @@ transformer layers share one measurement). Both fill `Op.time` through `assign_t
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import statistics
@@ -99,10 +100,61 @@ MODELS = ("estimated", "measured")
 
 
 def host_link(cost_model: str) -> Link:
-    """The host link of a problem's cost model ("estimated:h100", "measured:cpu"): its
-    device preset's, or PCIe 4 x16 for a device without one (a measured CUDA device)."""
-    spec = DEVICES.get(cost_model.partition(":")[2])
-    return spec.link if spec is not None else PCIE4
+    """The host link of a problem's cost model ("estimated:h100", "measured:cuda:0"): its
+    device preset's; for costs measured on an accelerator, the link measured there
+    (`measure_link`); PCIe 4 x16 for an estimated device without a preset."""
+    kind, _, device = cost_model.partition(":")
+    spec = DEVICES.get(device)
+    if spec is not None:
+        return spec.link
+    if kind == "measured":
+        return measure_link(device)
+    return PCIE4
+
+
+LINK_BYTES = 64 << 20  # per copy: large enough that the fixed cost of a copy is negligible
+
+
+@functools.cache
+def measure_link(device: str, nbytes: int = LINK_BYTES, repeats: int = 5) -> Link:
+    """The host link measured on `device`: the median of `repeats` copies of `nbytes` each way
+    between a host buffer (pinned on CUDA, as the offload runtime's pool) and the device,
+    timed with CUDA events on CUDA and the wall clock elsewhere (on CPU, a memcpy). Once per
+    device and process: `remat link` prints it."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"{device!r} is not a torch device (e.g. 'cuda', 'cuda:1', 'cpu')") from e
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(f"no CUDA device here to measure {device!r} on: use --device cpu")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    host.fill_(1)
+    on_device.fill_(2)
+
+    def seconds(dst: torch.Tensor, src: torch.Tensor) -> float:
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        begin = time.perf_counter()
+        dst.copy_(src)
+        return time.perf_counter() - begin
+
+    def rate(dst: torch.Tensor, src: torch.Tensor) -> float:
+        seconds(dst, src)  # warm-up: first touch, driver setup
+        return nbytes / statistics.median(seconds(dst, src) for _ in range(repeats))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as op costs are measured; a CPU copy with 2 threads stalls
+    try:
+        return Link(d2h=rate(host, on_device), h2d=rate(on_device, host))
+    finally:
+        torch.set_num_threads(threads)
 
 
 # Repeats of one op stop once its runs add up to this many seconds: huge ops need no median.

@@ -19,16 +19,41 @@ class TradeoffPoint:
     overhead: float  # predicted time over store-all time
 
 
+# Methods whose InfeasibleBudget reports only the smallest peak one search reached (the greedy
+# offload pass starts from a ladder above the budget asked: at 1 byte it reaches nothing):
+# their minimum is bisected instead.
+SEARCHED_MINIMUM = ("offload",)
+# bisection stops when the bracket is this fraction of the store-all peak
+SEARCH_TOLERANCE = 0.01
+
+
 def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
-    """The smallest budget (bytes) `method` can meet on this problem."""
+    """The smallest budget (bytes) `method` can meet on this problem (for SEARCHED_MINIMUM
+    methods, the smallest a bisection between 0 and Rockmate's minimum finds)."""
     if method == "rockmate":
         return rockmate.minimum(problem)
     if method == "rotor":
         return chain_minimum(problem, False)
+    if method in SEARCHED_MINIMUM:
+        return _bisected_minimum(problem, method)
     try:
         return solve(problem, 1, method).predicted_peak
     except InfeasibleBudget as e:
         return e.minimum
+
+
+def _bisected_minimum(problem: Problem, method: str) -> int:
+    """Bisect the budget below Rockmate's minimum (which `method` meets: its search includes
+    Rockmate's plans); feasibility need not be monotone, so this is the smallest found."""
+    lo, hi = 0, rockmate.minimum(problem)
+    step = max(int(problem.store_all_peak * SEARCH_TOLERANCE), 1)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        try:
+            hi = solve(problem, mid, method).predicted_peak
+        except InfeasibleBudget:
+            lo = mid
+    return hi
 
 
 def tradeoff(problem: Problem, method: str = "rockmate", points: int = 24) -> list[TradeoffPoint]:

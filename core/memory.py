@@ -7,7 +7,7 @@ exactly for a GPT; on CUDA, `torch.cuda.max_memory_allocated` is the reference i
 
 Host memory is not device memory: an offloading plan parks storages in a host pool that
 `host_pool` allocates, and `to_host` / `from_host` copy into and out of it, all outside every
-dispatch mode, so the tracker never sees the pool (on CPU, where host and device are the same
+dispatch mode, so the tracker never sees the pool (nor `host_copy`'s copies) (on CPU, where host and device are the same
 memory, this is what keeps the pool out of the device peak, deliberately). The copy back lands
 in a device storage the caller allocates, inside the modes, so that one is counted.
 Uses private PyTorch APIs: `TorchDispatchMode`, `_disable_current_modes`, pytree's
@@ -75,6 +75,12 @@ def to_host(pool: torch.Tensor, offset: int, storage: torch.UntypedStorage) -> N
     with _disable_current_modes():
         src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
         pool[offset : offset + src.numel()].copy_(src)
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t`'s values in host memory, unseen by any tracker (`save_on_cpu`'s pack)."""
+    with _disable_current_modes():
+        return t.detach().to("cpu", copy=True)
 
 
 def from_host(dst: torch.Tensor, pool: torch.Tensor, offset: int) -> None:

@@ -22,9 +22,9 @@ def rows():
     return compare.run_bench(
         ["gpt-tiny"],
         reps=2,
-        methods=("store_all", "checkpoint_blocks"),
+        methods=("store_all", "checkpoint_blocks", "offload"),
         compile_backends=(),
-        only=["eager", "ckpt", "ours:store_all", "ours:checkpoint_blocks"],
+        only=["eager", "ckpt", "soc", "ours:store_all", "ours:checkpoint_blocks", "ours:offload"],
         show_progress=False,
     )
 
@@ -155,6 +155,28 @@ def test_main_rejects_bad_budgets(budgets, capsys):
     assert "--budgets" in capsys.readouterr().out
 
 
+def test_save_on_cpu_parks_saved_tensors_outside_the_peak(rows):
+    """PyTorch's own offloading, emulated on CPU: exact gradients, and the host copies are not
+    device memory; with checkpointing too (soc+ckpt)."""
+    eager = rows[0]
+    for key in ("soc", "soc+ckpt"):
+        r = _row(rows, key)
+        assert r.grad_error == 0 and r.grads_match
+        assert r.peak < eager.peak
+    # every saved tensor leaves: far below what checkpointing every block keeps
+    assert _row(rows, "soc").peak < _row(rows, "ckpt").peak
+
+
+def test_offload_plans_measure_as_predicted(rows):
+    """Our offload plans in the bench: one row per distinct plan, its minimum included, each at
+    its predicted peak (the host pool is not device memory, as for save_on_cpu)."""
+    ours = [r for r in rows if r.key.startswith("ours:offload")]
+    assert any("min" in r.budget for r in ours)
+    for r in ours:
+        assert r.grad_error == 0 and r.grads_match
+        assert r.peak == r.predicted_peak + SEED_BYTES
+
+
 def test_budgets_flag_picks_our_budgets(tmp_path, monkeypatch, capsys):
     """Also the command line of a plain install: without matplotlib it says, literally, which
     extra brings the PNG."""
@@ -179,7 +201,8 @@ def test_quick_command_line(tmp_path, capsys):
     rows = list(csv.DictReader((out / "bench.csv").open()))
     keys = {(r["model"], r["key"]) for r in rows}
     for model in ("gpt-tiny", "resnet-tiny"):
-        for key in ("eager", "ckpt", "ckpt2", "sac", "aot-0.5", "aot-0.2", "ours:store_all@100%"):
+        keys_wanted = ("eager", "soc", "ckpt", "ckpt2", "sac", "soc+ckpt", "aot-0.5", "aot-0.2")
+        for key in (*keys_wanted, "ours:store_all@100%"):
             assert (model, key) in keys, (model, key)
     for r in rows:
         assert not r["note"].startswith("failed"), r

@@ -16,7 +16,10 @@ from helpers import (
 )
 
 import core
+from app import cli
+from core.costs import DEVICES, host_link, measure_link
 from core.errors import InfeasibleBudget, PlanFileError
+from core.frontier import minimum_budget
 from core.runtime import PlannedModule
 from core.schedule import Plan, store_all_plan
 from core.simulator import (
@@ -115,14 +118,31 @@ def test_a_transfer_needs_a_link():
 
 
 def test_device_presets_carry_host_links_with_sources():
-    from core.costs import DEVICES, host_link
-
     assert DEVICES["h100"].link == Link(d2h=52.8e9, h2d=35e9)  # nvbandwidth #24
     assert DEVICES["a100"].link == Link(d2h=25e9, h2d=25e9)  # PCIe 4 x16
     assert host_link("estimated:h100") == DEVICES["h100"].link
-    assert host_link("measured:cuda:0") == Link(25e9, 25e9)
+    assert host_link("measured:cpu") == DEVICES["cpu"].link  # one memory: the preset
+    assert host_link("estimated:tpu-unknown") == Link(25e9, 25e9)
     with pytest.raises(ValueError, match="positive"):
         Link(0.0, 1.0)
+
+
+def test_the_link_is_measured_where_costs_are_measured(capsys):
+    """On an accelerator a problem with measured costs copies at the link measured there; the
+    measurement itself runs here on CPU (a memcpy), and asking for a missing device is an
+    error that says what to do."""
+    link = measure_link("cpu", nbytes=1 << 20, repeats=3)
+    # bytes per second, not GB/s or seconds: 10 MB/s (a memcpy on a loaded core) to 10 TB/s
+    assert 1e7 < link.d2h < 1e13 and 1e7 < link.h2d < 1e13
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device here"):
+            host_link("measured:cuda:0")
+    with pytest.raises(ValueError, match="not a torch device"):
+        measure_link("gpu0")
+    assert cli.main(["link", "--device", "cpu"]) == 0
+    assert "GB/s" in capsys.readouterr().out
+    assert cli.main(["link", "--device", "nope"]) == 2
+    assert "error: 'nope' is not a torch device" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- traced steps
@@ -183,6 +203,16 @@ def test_offload_on_top_of_recomputation_runs_exactly_as_predicted(name):
 def gpt():
     model, inputs = fresh("gpt-tiny")
     return model, inputs, core.analyze(model, inputs)
+
+
+def test_the_offload_minimum_is_bisected_and_met(gpt):
+    """The greedy solver's InfeasibleBudget only reports where one search got, so its minimum
+    (the app's curve, the bench's "min" row) is bisected: never above Rockmate's, and met."""
+    _, _, problem = gpt
+    low = minimum_budget(problem, "offload")
+    assert low <= minimum_budget(problem, "rockmate")
+    assert low < problem.store_all_peak // 2  # gpt-tiny: 30% of store-all here
+    assert core.solve(problem, low, "offload").predicted_peak <= low
 
 
 def test_the_solver_offloads_instead_of_recomputing(gpt):
