@@ -241,7 +241,7 @@ def zoo_table(rows: list[ZooRow]) -> str:
         lines += [
             "",
             "| model (meta device) | blocks (kinds) | store-all peak | analyze s | first solve s "
-            "| later budget median ms | Rockmate at 50% | Rockmate minimum |",
+            "| later budget median ms | Rockmate at 50% or its minimum | Rockmate minimum |",
             "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
