@@ -1,22 +1,32 @@
-"""`remat bench --solvers`: solver quality and speed on the sample models, block options cold."""
+"""`remat bench --solvers`: solver quality and speed on the sample models and on the zoo of
+Hugging Face models (`sample_models.hf_zoo`, needs transformers), block options cold."""
 
 from __future__ import annotations
 
 import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 import core
+from bench import MissingExtra
 from core.errors import InfeasibleBudget
 from core.frontier import minimum_budget
+from core.memory import StorageTracker, step_tensors
 from core.problem import Problem
 from core.schedule import Plan
 from core.solvers import checkmate, options, solve
 from sample_models import REGISTRY, build
+
+if TYPE_CHECKING:
+    from sample_models.hf_zoo import ZooCase
+
+EXTRA = "needs transformers: pip install 'remat-studio[bench]'"
 
 
 @contextmanager
@@ -146,3 +156,152 @@ def _new_budget_ms(problem: Problem) -> float:
         solve(problem, b, "rockmate")
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
+
+
+@dataclass
+class ZooPoint:
+    """A Rockmate plan of a zoo model: the budget it was asked (a fraction of the store-all
+    peak), its predicted peak (the same fraction) and predicted overhead (time over store-all's)."""
+
+    budget: float
+    peak: float
+    overhead: float
+
+
+@dataclass
+class ZooRow:
+    """One zoo model in `remat bench --solvers`. `first_solve_s` is the first Rockmate solve,
+    at 50% of the store-all peak with cold block options (an infeasible 50% included, which
+    finds the minimum); `half` is Rockmate at 50% or, below its minimum, at the minimum.
+    Models that run (not on the meta device) have `measured_minus_predicted`: per plan, its
+    measured peak minus the predicted one, in bytes (4: backward's scalar seed). Meta-device
+    models have `new_budget_ms` instead: the median time of a later budget."""
+
+    name: str
+    blocks: int
+    kinds: int
+    store_all_peak: int
+    analyze_s: float
+    first_solve_s: float
+    half: ZooPoint
+    lowest: ZooPoint
+    measured_minus_predicted: tuple[int, ...] | None
+    new_budget_ms: float | None
+
+
+def zoo_builders() -> tuple[dict[str, Callable[[], ZooCase]], dict[str, Callable[[], ZooCase]]]:
+    """The tiny zoo models and the 12-layer meta-device ones, by name; MissingExtra, naming
+    the extra to install, when transformers is not there."""
+    try:
+        import sample_models.hf_zoo as hf_zoo
+    except ModuleNotFoundError as e:
+        if e.name != "transformers" and not (e.name or "").startswith("transformers."):
+            raise
+        raise MissingExtra(f"the zoo of `remat bench --solvers` {EXTRA}") from e
+    return hf_zoo.ZOO, hf_zoo.META
+
+
+def zoo_rows(
+    tiny: Mapping[str, Callable[[], ZooCase]], meta: Mapping[str, Callable[[], ZooCase]]
+) -> list[ZooRow]:
+    """Analyse and solve each model on 1 thread, block options cold; the tiny ones' plans are
+    run and their peaks measured, the meta-device ones' later budgets timed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = [_zoo_row(name, build(), runs=True) for name, build in tiny.items()]
+        rows += [_zoo_row(name, build(), runs=False) for name, build in meta.items()]
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def zoo_table(rows: list[ZooRow]) -> str:
+    """The rows as two Markdown tables: the models that ran, then the meta-device ones."""
+
+    def point(p: ZooPoint) -> str:
+        return f"{p.budget:.0%}: {p.peak:.2f}, {p.overhead:.3f}"
+
+    lines = [
+        "Hugging Face zoo (sample_models.hf_zoo; 1 thread, block options cold; peaks are "
+        "predicted, as fractions of the store-all peak, at the budget asked)",
+        "| model | blocks (kinds) | analyze s | first solve s | Rockmate at 50% or its minimum "
+        "| Rockmate minimum | measured - predicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.measured_minus_predicted is not None:
+            lines.append(
+                f"| {r.name} | {r.blocks} ({r.kinds}) | {r.analyze_s:.1f} | {r.first_solve_s:.1f} "
+                f"| {point(r.half)} | {point(r.lowest)} | "
+                f"{', '.join(str(d) for d in r.measured_minus_predicted)} B |"
+            )
+    big = [r for r in rows if r.new_budget_ms is not None]
+    if big:
+        lines += [
+            "",
+            "| model (meta device) | blocks (kinds) | store-all peak | analyze s | first solve s "
+            "| later budget median ms | Rockmate at 50% or its minimum | Rockmate minimum |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.name} | {r.blocks} ({r.kinds}) | {r.store_all_peak / 2**30:.2f} GiB "
+            f"| {r.analyze_s:.1f} | {r.first_solve_s:.1f} | {r.new_budget_ms:.0f} "
+            f"| {point(r.half)} | {point(r.lowest)} |"
+            for r in big
+        ]
+    return "\n".join(lines)
+
+
+def bench_zoo() -> str:
+    """`remat bench --solvers`'s zoo part: every tiny zoo model and the 12-layer GPT-2 and
+    Llama from the meta device. MissingExtra without transformers."""
+    tiny, meta = zoo_builders()
+    return zoo_table(zoo_rows(tiny, meta))
+
+
+def _zoo_row(name: str, case: ZooCase, runs: bool) -> ZooRow:
+    """Analyse `case`, solve Rockmate at 50% (cold) and at its minimum; run the plans when
+    `runs`, else time later budgets."""
+    with cold_options():
+        start = time.perf_counter()
+        problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+        analysed = time.perf_counter()
+        try:
+            plans = [solve(problem, 0.5, "rockmate")]
+        except InfeasibleBudget:
+            plans = []
+        solved = time.perf_counter()
+        lowest = minimum_budget(problem, "rockmate")
+        plans.append(solve(problem, lowest, "rockmate"))
+        points = [_point(problem, p) for p in plans]
+        return ZooRow(
+            name=name,
+            blocks=len(problem.blocks),
+            kinds=len({b.kind for b in problem.blocks}),
+            store_all_peak=problem.store_all_peak,
+            analyze_s=analysed - start,
+            first_solve_s=solved - analysed,
+            half=points[0],
+            lowest=points[-1],
+            measured_minus_predicted=tuple(_measured(case, p) - p.predicted_peak for p in plans)
+            if runs
+            else None,
+            new_budget_ms=None if runs else _new_budget_ms(problem),
+        )
+
+
+def _point(problem: Problem, plan: Plan) -> ZooPoint:
+    peak = problem.store_all_peak
+    return ZooPoint(plan.budget / peak, plan.predicted_peak / peak, plan.overhead)
+
+
+def _measured(case: ZooCase, plan: Plan) -> int:
+    """The measured peak of one training step of `plan` (beyond parameters, buffers and inputs)."""
+    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
+    run = core.apply_plan(case.model, plan)
+    case.model.zero_grad(set_to_none=True)
+    with StorageTracker(step_tensors(case.model, given)) as tracker:
+        run(*case.args, **case.kwargs, targets=case.targets).backward()
+    case.model.zero_grad(set_to_none=True)
+    return tracker.peak

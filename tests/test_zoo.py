@@ -1,16 +1,26 @@
-"""Models nobody here wrote (tests/zoo.py), called as users call them: keyword inputs, the loss
-computed outside the model. Plans must be exact: gradients, loss and random stream equal
-eager's bit for bit, measured peak = predicted + 4 bytes (the scalar seed of backward)."""
+"""Models nobody here wrote (sample_models/hf_zoo.py), called as users call them: keyword
+inputs, the loss computed outside the model. Plans must be exact: gradients, loss and random
+stream equal eager's bit for bit, measured peak = predicted + 4 bytes (the scalar seed of
+backward)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from zoo import ZOO, ZooCase
+from helpers import SEED_BYTES
 
+import bench.solvers
 import core
+from app import cli
+from bench import MissingExtra
+from bench.solvers import zoo_builders, zoo_rows, zoo_table
 from core.errors import PlanMismatch
 from core.memory import StorageTracker, step_tensors
+from sample_models.hf_zoo import ZOO, ZooCase, gpt2_meta
 
 
 @pytest.fixture(autouse=True)
@@ -108,3 +118,59 @@ def test_zoo_plan_file_round_trip_with_keywords_and_loss_fn(tmp_path):
     assert all(torch.equal(grads[k], v) for k, v in eager_grads.items())
     with pytest.raises(PlanMismatch, match="loss_fn"):  # a fresh load: apply bound the first
         core.apply_plan(case.model, core.load_plan(tmp_path / "plan.pkl"))
+
+
+def test_bench_zoo_rows_for_a_tiny_and_a_meta_model():
+    """`remat bench --solvers`'s zoo path, real solver: the tiny ResNet (the quickest to solve),
+    whose plans run (measured = predicted + 4 bytes), and a 2-layer GPT-2 of d768 from the meta
+    device (later budgets timed). The 50% cell is at 50% or, below Rockmate's minimum, at the
+    minimum."""
+    rows = zoo_rows({"hf-resnet": ZOO["hf-resnet"]}, {"hf-gpt2-2l": lambda: gpt2_meta(2)})
+    tiny, meta = rows
+    assert (tiny.name, meta.name) == ("hf-resnet", "hf-gpt2-2l")
+    for row in rows:
+        assert row.blocks >= 2 and row.kinds < row.blocks
+        assert row.analyze_s > 0 and row.first_solve_s > 0
+        for p in (row.half, row.lowest):
+            assert 0 < p.peak <= p.budget <= 1 and p.overhead >= 1
+        assert row.lowest.budget <= row.half.budget
+        assert row.half.budget == 0.5 or row.half == row.lowest
+    assert tiny.measured_minus_predicted == (SEED_BYTES,) * (1 + (tiny.half != tiny.lowest))
+    assert tiny.new_budget_ms is None
+    assert meta.measured_minus_predicted is None and meta.new_budget_ms > 0
+    assert meta.store_all_peak > 2**27  # d768 x 512 tokens: the real shapes, not the tiny ones
+    table = zoo_table(rows).splitlines()
+    assert table[3].startswith(f"| hf-resnet | {tiny.blocks} ({tiny.kinds}) |")
+    assert table[3].endswith(f" {SEED_BYTES} B |")
+    assert table[-1].startswith(f"| hf-gpt2-2l | {meta.blocks} ({meta.kinds}) |")
+
+
+def test_zoo_without_transformers_is_one_error_line(monkeypatch, capsys):
+    """`remat bench --zoo` on an install without the bench extra: one line naming the extra;
+    `--solvers` prints its sample-model part and says the zoo was left out and why."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises
+    monkeypatch.delitem(sys.modules, "sample_models.hf_zoo")
+    with pytest.raises(
+        MissingExtra, match=r"needs transformers: pip install 'remat-studio\[bench\]'"
+    ):
+        zoo_builders()
+    assert cli.main(["bench", "--zoo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the zoo of `remat bench --solvers` needs transformers")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    monkeypatch.setattr(bench.solvers, "bench_solvers", lambda: "the sample models' table")
+    assert cli.main(["bench", "--solvers"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "the sample models' table" and out[1].startswith("zoo left out: ")
+
+
+def test_the_plain_benchmarks_do_not_import_transformers():
+    """`remat bench --quick` runs on a plain install (.ci/run): the CLI and the benchmark
+    modules load without transformers, which only the zoo imports."""
+    code = (
+        "import sys, app.cli, bench.compare, bench.solvers, sample_models\n"
+        "assert 'transformers' not in sys.modules, 'transformers imported'\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

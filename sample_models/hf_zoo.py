@@ -1,36 +1,53 @@
-"""Tiny random-init models nobody here wrote (Hugging Face transformers), built offline.
+"""A zoo of Hugging Face models nobody here wrote: tiny random-init configs built offline, and
+the 12-layer GPT-2 and Llama built on the meta device (no weights allocated).
 
 Each builder returns a `ZooCase`: the model, its call (positional and keyword inputs, as
 users call it), a loss computed outside the model and its targets, and the number of layers
-whose blocks `checkpoint_blocks` should find. Configs are tiny so a step takes milliseconds;
-dropout is on wherever the config has it, so the random stream is exercised.
+whose blocks `checkpoint_blocks` should find. Tiny configs take milliseconds a step; dropout
+is on wherever the config has it, so the random stream is exercised. Needs transformers (the
+`bench` extra): `sample_models/__init__.py` does not import this module, so the other sample
+models work without it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    ResNetConfig,
+    ResNetForImageClassification,
+    T5Config,
+    T5ForConditionalGeneration,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-VOCAB, SEQ, BATCH = 128, 16, 2
+VOCAB, SEQ, BATCH = 128, 16, 2  # the tiny configs' call
+BIG_SEQ = 512  # the meta-device models' tokens
 
 
 @dataclass
 class ZooCase:
+    """One training step of a zoo model, called as its users call it."""
+
     model: nn.Module
     args: tuple
     kwargs: dict[str, Any]
     loss_fn: Callable[..., torch.Tensor]
     targets: tuple[torch.Tensor, ...]
     layers: int  # repeated layers: blocks checkpoint_blocks must find at least
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def token_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
@@ -40,6 +57,7 @@ def token_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
 
 
 def class_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over class logits (a ModelOutput's or a plain tensor), outside the model."""
     logits = output.logits if hasattr(output, "logits") else output
     return nn.functional.cross_entropy(logits, labels)
 
@@ -53,23 +71,33 @@ def _tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, mask, labels
 
 
+def _made(cls: Callable[[Any], nn.Module], cfg: Any) -> nn.Module:
+    """The model in training mode, its weights from seed 0; the caller's random stream is left
+    as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return cls(cfg).train()
+
+
 def _lm(model: nn.Module, layers: int) -> ZooCase:
     ids, mask, labels = _tokens(0)
-    return ZooCase(model.train(), (ids,), {"attention_mask": mask}, token_loss, (labels,), layers)
+    return ZooCase(model, (ids,), {"attention_mask": mask}, token_loss, (labels,), layers)
 
 
 def gpt2(layers: int = 2) -> ZooCase:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=layers, n_head=2)
-    return _lm(GPT2LMHeadModel(cfg), layers)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=32,
+        n_layer=layers,
+        n_head=2,
+        bos_token_id=VOCAB - 1,  # GPT-2's default (50256) is outside the tiny vocabulary
+        eos_token_id=VOCAB - 1,
+    )
+    return _lm(_made(GPT2LMHeadModel, cfg), layers)
 
 
 def llama(layers: int = 2) -> ZooCase:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -80,13 +108,10 @@ def llama(layers: int = 2) -> ZooCase:
         max_position_embeddings=SEQ,
         attention_dropout=0.1,
     )
-    return _lm(LlamaForCausalLM(cfg), layers)
+    return _lm(_made(LlamaForCausalLM, cfg), layers)
 
 
 def bert(layers: int = 2) -> ZooCase:
-    from transformers import BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
     cfg = BertConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -95,15 +120,12 @@ def bert(layers: int = 2) -> ZooCase:
         intermediate_size=64,
         max_position_embeddings=SEQ,
     )
-    return _lm(BertForMaskedLM(cfg), layers)
+    return _lm(_made(BertForMaskedLM, cfg), layers)
 
 
 def t5(layers: int = 2) -> ZooCase:
     """An encoder-decoder: the decoder's inputs are the labels shifted right inside the model
     (a Python scalar written into a slice: a lifted tensor constant)."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(0)
     cfg = T5Config(
         vocab_size=VOCAB,
         d_model=32,
@@ -115,7 +137,7 @@ def t5(layers: int = 2) -> ZooCase:
         pad_token_id=0,
     )
     ids, mask, labels = _tokens(1)
-    model = T5ForConditionalGeneration(cfg).train()
+    model = _made(T5ForConditionalGeneration, cfg)
     return ZooCase(model, (ids,), {"attention_mask": mask, "labels": labels}, _hf_loss, (), layers)
 
 
@@ -125,9 +147,6 @@ def _hf_loss(output: Any) -> torch.Tensor:
 
 
 def vit(layers: int = 2) -> ZooCase:
-    from transformers import ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(0)
     cfg = ViTConfig(
         image_size=16,
         patch_size=4,
@@ -142,15 +161,12 @@ def vit(layers: int = 2) -> ZooCase:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(BATCH, 3, 16, 16, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    model = ViTForImageClassification(cfg).train()
+    model = _made(ViTForImageClassification, cfg)
     return ZooCase(model, (), {"pixel_values": x}, class_loss, (y,), layers)
 
 
 def mixtral(layers: int = 2) -> ZooCase:
     """A mixture of experts: the router normalises its top-k weights in place."""
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
     cfg = MixtralConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -163,15 +179,12 @@ def mixtral(layers: int = 2) -> ZooCase:
         max_position_embeddings=SEQ,
         experts_implementation="batched_mm",
     )
-    return _lm(MixtralForCausalLM(cfg), layers)
+    return _lm(_made(MixtralForCausalLM, cfg), layers)
 
 
-def resnet(layers: int = 2) -> ZooCase:
-    """A CNN with batch norm (Hugging Face's ResNet: timm needs torchvision, which has no
-    build for this CPU torch wheel here)."""
-    from transformers import ResNetConfig, ResNetForImageClassification
-
-    torch.manual_seed(0)
+def resnet() -> ZooCase:
+    """A CNN with batch norm, three basic blocks (Hugging Face's ResNet: timm needs
+    torchvision, which has no build for the CPU torch wheel used here)."""
     cfg = ResNetConfig(
         embedding_size=8,
         hidden_sizes=[8, 16],
@@ -182,11 +195,11 @@ def resnet(layers: int = 2) -> ZooCase:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(BATCH, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
-    model = ResNetForImageClassification(cfg).train()
+    model = _made(ResNetForImageClassification, cfg)
     return ZooCase(model, (x,), {}, class_loss, (y,), 3)
 
 
-ZOO: dict[str, Callable[..., ZooCase]] = {
+ZOO: dict[str, Callable[[], ZooCase]] = {
     "hf-gpt2": gpt2,
     "hf-llama": llama,
     "hf-bert": bert,
@@ -197,56 +210,35 @@ ZOO: dict[str, Callable[..., ZooCase]] = {
 }
 
 
-def report(names: list[str]) -> None:
-    """Per zoo model: blocks, cold Rockmate solve (to its minimum), Rockmate at 50% and at its minimum
-    (predicted peak over eager's measured peak, predicted overhead), measured - predicted.
-    `REMAT_CACHE=off python tests/zoo.py [names]`, 1 thread."""
-    import time
+def _meta_lm(model: Callable[[], nn.Module], layers: int) -> ZooCase:
+    """A language model and one batch of 512 tokens on the meta device: shapes and costs
+    without weights, to plan; it cannot run."""
+    with torch.device("meta"):
+        m = model().train()
+        ids = torch.zeros(1, BIG_SEQ, dtype=torch.long)
+        mask = torch.ones(1, BIG_SEQ, dtype=torch.long)
+        labels = torch.zeros(1, BIG_SEQ, dtype=torch.long)
+    return ZooCase(m, (ids,), {"attention_mask": mask}, token_loss, (labels,), layers)
 
-    import core
-    from core.memory import StorageTracker, step_tensors
-    from core.solvers.rotor import minimum_budget
 
-    torch.set_num_threads(1)
+def gpt2_meta(layers: int = 12) -> ZooCase:
+    """GPT-2 124M's shape (d768, 12 heads, vocabulary 50,257), batch 1 x 512 tokens."""
+    cfg = GPT2Config(n_embd=768, n_layer=layers, n_head=12, n_positions=1024)
+    return _meta_lm(lambda: GPT2LMHeadModel(cfg), layers)
 
-    def peak_of(case: ZooCase, run: Callable | None) -> int:
-        given = [*case.args, *case.kwargs.values(), *case.targets]
-        case.model.zero_grad(set_to_none=True)
-        with StorageTracker(step_tensors(case.model, given)) as tracker:
-            if run is None:
-                loss = case.loss_fn(case.model(*case.args, **case.kwargs), *case.targets)
-            else:
-                loss = run(*case.args, **case.kwargs, targets=case.targets)
-            loss.backward()
-        return tracker.peak
 
-    print(
-        "| model | blocks (kinds) | analyze s | cold solve s | 50%: peak/eager, overhead "
-        "| min: peak/eager, overhead | measured - predicted |"
+def llama_meta(layers: int = 12) -> ZooCase:
+    """A Llama of d768, MLP 2048, 12 heads, vocabulary 32,000, batch 1 x 512 tokens."""
+    cfg = LlamaConfig(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        vocab_size=32000,
     )
-    print("|---|---|---|---|---|---|---|")
-    for name in names:
-        case = ZOO[name]()
-        start = time.perf_counter()
-        problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
-        analysed = time.perf_counter()
-        lowest = core.solve(problem, minimum_budget(problem, "rockmate"), method="rockmate")
-        solved = time.perf_counter()
-        plans = [lowest]
-        if lowest.predicted_peak <= 0.5 * problem.store_all_peak:
-            plans.insert(0, core.solve(problem, 0.5, method="rockmate"))
-        eager = peak_of(case, None)
-        diffs = {peak_of(case, core.apply_plan(case.model, p)) - p.predicted_peak for p in plans}
-        cells = [f"{p.predicted_peak / eager:.2f}, {p.overhead:.3f}" for p in plans]
-        cells = ["below its minimum"] * (2 - len(cells)) + cells
-        kinds = len({b.kind for b in problem.blocks})
-        print(
-            f"| {name} | {len(problem.blocks)} ({kinds}) | {analysed - start:.1f} | "
-            f"{solved - analysed:.1f} | {cells[0]} | {cells[1]} | {sorted(diffs)} B |"
-        )
+    return _meta_lm(lambda: LlamaForCausalLM(cfg), layers)
 
 
-if __name__ == "__main__":
-    import sys
-
-    report(sys.argv[1:] or list(ZOO))
+# 12 layers on the meta device: planned, never run
+META: dict[str, Callable[[], ZooCase]] = {"hf-gpt2-12l": gpt2_meta, "hf-llama-12l": llama_meta}
