@@ -34,6 +34,7 @@ from app.state import (
     alive_at,
     link_text,
     next_recompute,
+    next_transfer,
     op_fates,
     peak_hint,
     peak_step,
@@ -564,6 +565,7 @@ def _step_through(app: Dash, studio: Studio) -> None:
         Input(ids.STEP_RESET, "n_clicks"),
         Input(ids.JUMP_PEAK, "n_clicks"),
         Input(ids.JUMP_RECOMPUTE, "n_clicks"),
+        Input(ids.JUMP_TRANSFER, "n_clicks"),
         Input(ids.TICKER, "n_intervals"),
         State(ids.STEP, "data"),
         State(ids.TICKER, "disabled"),
@@ -572,7 +574,7 @@ def _step_through(app: Dash, studio: Studio) -> None:
         prevent_initial_call=True,
     )
     def step_through(
-        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
+        _play, _next, _back, _reset, _peak, _rec, _copy, _tick, step, paused, speed, plan_ref
     ):
         plan, _ = _plan(studio, plan_ref)
         if plan is None:
@@ -588,8 +590,9 @@ def _step_through(app: Dash, studio: Studio) -> None:
             return 0, True, "▶ play"
         if trigger == ids.JUMP_PEAK:
             return peak_step(plan.timeline), True, "▶ play"
-        if trigger == ids.JUMP_RECOMPUTE:
-            target = next_recompute(plan.timeline, step)
+        if trigger in (ids.JUMP_RECOMPUTE, ids.JUMP_TRANSFER):
+            jump = next_recompute if trigger == ids.JUMP_RECOMPUTE else next_transfer
+            target = jump(plan.timeline, step)
             return (no_update if target is None else target), True, "▶ play"
         if trigger == ids.STEP_BACK:
             return max(0, (step or 0) - 1), no_update, no_update

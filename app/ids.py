@@ -68,5 +68,6 @@ TICKER = "ticker"  # dcc.Interval driving play
 SPEED = "speed"  # steps per tick of play
 JUMP_PEAK = "jump-peak"
 JUMP_RECOMPUTE = "jump-recompute"
+JUMP_TRANSFER = "jump-transfer"  # to the next offload or prefetch
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"

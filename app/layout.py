@@ -349,6 +349,11 @@ def _timeline_card():
                 html.Button(
                     "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
                 ),
+                html.Button(
+                    "next copy",
+                    id=ids.JUMP_TRANSFER,
+                    title="jump to the next offload or prefetch (offloading plans)",
+                ),
                 html.Span(id=ids.STEP_TEXT, className="step-text"),
             ],
         ),

@@ -497,6 +497,14 @@ def next_recompute(timeline, step: int | None) -> int | None:
     return next((i for i in recomputes if step is None or i > step), recomputes[0])
 
 
+def next_transfer(timeline, step: int | None) -> int | None:
+    """The first offload or prefetch step after `step` (wrapping round), or None if none."""
+    copies = [s.index for s in timeline if s.kind in (OFFLOAD, PREFETCH)]
+    if not copies:
+        return None
+    return next((i for i in copies if step is None or i > step), copies[0])
+
+
 def peak_hint(timeline) -> str:
     """A sentence when parameter gradients make up most of the peak: then recomputing
     activations can only move the peak a little (conv nets, small batches)."""
