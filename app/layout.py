@@ -134,12 +134,13 @@ def _controls(models, model, method, methods):
                 ],
                 className="control wide",
             ),
-            dcc.Checklist(
-                [{"label": "offload to host memory", "value": "on"}],
-                [],
-                id=ids.OFFLOAD,
+            html.Div(
+                dcc.Checklist(
+                    [{"label": "offload to host memory", "value": "on"}],
+                    [],
+                    id=ids.OFFLOAD,
+                ),
                 className="control offload",
-                inputClassName="switch",
                 title="also park activations in host memory and bring them back before the "
                 "backward reads them: re-solves with offloading and draws its trade-off curve",
             ),
