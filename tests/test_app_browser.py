@@ -362,4 +362,10 @@ def test_the_offload_switch_draws_host_bytes_the_transfer_lane_and_a_second_curv
         "(id) => document.getElementById(id).textContent.startsWith('Offload ')", arg=ids.STEP_WHY
     )
     assert "Why offload rather than recompute" in page.inner_text(f"#{ids.STEP_WHY}")
-    page.screenshot(path=str(SHOTS / "offload.png"), full_page=True)
+    page.evaluate("() => window.scrollTo(0, 0)")  # bounding boxes in page coordinates
+    top = page.locator(f"#{ids.TIMELINE}").bounding_box()
+    end = page.locator(f"#{ids.STEP_WHY}").bounding_box()
+    height = end["y"] + end["height"] - top["y"]
+    clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
+    page.screenshot(path=str(SHOTS / "offload.png"), clip=clip, full_page=True)
+    card(page, ids.TRADEOFF).screenshot(path=str(SHOTS / "offload-tradeoff.png"))

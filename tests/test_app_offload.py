@@ -4,6 +4,7 @@ host bytes and the transfer lane, and the step-through's reasons, on gpt-tiny.""
 from __future__ import annotations
 
 import pytest
+from helpers import SEED_BYTES
 
 from app import figures
 from app.callbacks import _tradeoff, tradeoff_note
@@ -159,3 +160,18 @@ def test_a_late_prefetch_shows_as_a_stall_on_the_lane_and_in_the_reason(h100):
     stall = next(t for t in lane["data"] if t["meta"] == "stall")
     assert stall["base"] == [round(ready * 1e3, 6)]
     assert stall["x"] == [round((started - ready) * 1e3, 6)]
+
+
+def test_measure_here_runs_the_switchs_plan_at_its_predicted_peak(studio):
+    """The offload switch's plan through the app's "measure here": the real step, copies into
+    the host pool included, peaks at the prediction plus autograd's seed."""
+    from app.measure import measure_plan
+
+    key = studio.key("gpt-tiny", "estimated", "cpu")
+    problem = studio.problem(key)
+    plan = studio.plan(key, studio.offload_method, int(0.5 * problem.store_all_peak))
+    assert plan.simulate().transfers
+    model, inputs = studio.builders["gpt-tiny"]()
+    got = measure_plan(model, inputs, plan)
+    assert got.peak == plan.predicted_peak + SEED_BYTES
+    assert len(got.live) == len(plan.program)
