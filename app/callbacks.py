@@ -122,9 +122,9 @@ def _analysis(app: Dash, studio: Studio) -> None:
             offload_method = studio.offload_method if offload else None
             if offload_method:
                 label = f"{model}: computing the remat+offload curve…"
-                set_progress(["90", label])
+                set_progress(["95", label])  # after the baselines' 85-95
                 curve = studio.offload_tradeoff(
-                    key, method, lambda f: set_progress([str(int(90 + 10 * f)), label])
+                    key, method, lambda f: set_progress([str(int(95 + 5 * f)), label])
                 )
                 minimum = min([minimum, *(p.budget for p in curve)])
             set_progress(["100", ""])
