@@ -449,7 +449,10 @@ def transfer_figure(
             "height": 220,
             "margin": {"l": 150, "r": 10, "t": 30, "b": 40},
             "title": {"text": title, "font": {"size": 12}, "x": 0, "xanchor": "left"},
-            "xaxis": {"title": {"text": "time from the start of the training step (ms)"}, "rangemode": "tozero"},
+            "xaxis": {
+                "title": {"text": "time from the start of the training step (ms)"},
+                "rangemode": "tozero",
+            },
             "yaxis": {
                 "categoryorder": "array",
                 "categoryarray": ["compute stalls", *reversed(rows.values())],
