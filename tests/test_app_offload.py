@@ -111,9 +111,12 @@ def test_the_step_through_says_why_a_value_was_offloaded_rather_than_recomputed(
     _, problem, plan = h100
     sim = plan.simulate()
     assert sim.stall == 0 and not sim.waits  # the greedy issues prefetches early enough
-    first = next_transfer(plan.timeline, None)
-    assert plan.program[first][0] == "offload"
-    assert next_transfer(plan.timeline, first) > first
+    copies = [i for i, (kind, _) in enumerate(plan.program) if kind in ("offload", "prefetch")]
+    assert plan.program[copies[0]][0] == "offload"
+    assert next_transfer(plan.timeline, None) == copies[0]
+    assert next_transfer(plan.timeline, copies[0]) == copies[1]
+    assert next_transfer(plan.timeline, copies[-1]) == copies[0]  # wraps round
+    assert next_transfer(store_all_plan(problem).timeline, None) is None
     graph = problem.graph
     for i, (kind, v) in enumerate(plan.program):
         if kind not in ("offload", "prefetch"):
