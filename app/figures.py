@@ -92,8 +92,9 @@ def timeline_figure(
     """Live bytes per program step stacked by kind, phases shaded, recomputes, budget, peak.
 
     `steps` are `core.schedule.Step`-like records (index, kind, name, label, phase, block,
-    recompute, activations, temporaries, gradients). `host`: bytes parked in host memory
-    after each step (an offloading plan's), drawn as a line of its own, not in the stack.
+    recompute, activations, temporaries, gradients). Offload and prefetch steps are marked;
+    `host`: bytes parked in host memory after each step (an offloading plan's), drawn as a
+    line of its own, not in the stack.
     """
     n = len(steps)
     act = [s.activations for s in steps]
@@ -177,6 +178,29 @@ def timeline_figure(
         }
     )
     traces.append(marker_trace(marker, max(peak, budget) / size))
+    copies = [i for i in range(n) if steps[i].kind in ("offload", "prefetch")]
+    if len(copies) > max_points:
+        copies = copies[:: math.ceil(len(copies) / max_points)]
+    if copies:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "copy to host (▲) / back (▼)",
+                "x": copies,
+                "y": [round(total[i] / size, 4) for i in copies],
+                "marker": {
+                    "symbol": [
+                        "triangle-up" if steps[i].kind == "offload" else "triangle-down"
+                        for i in copies
+                    ],
+                    "size": 7,
+                    "color": [TRANSFER_COLORS[steps[i].kind] for i in copies],
+                },
+                "hoverinfo": "skip",
+                "meta": "copies",
+            }
+        )
     if any(host):
         traces.append(
             {

@@ -86,12 +86,19 @@ def test_host_bytes_and_the_transfer_lane_follow_the_simulation(h100):
     fig = figures.timeline_figure(
         plan.timeline, plan.backward_start, plan.budget, unit=unit, host=sim.host
     )
-    host = fig["data"][-1]
-    assert host["meta"] == "host" and fig["data"][figures.T_MARKER]["meta"] == "marker"
+    host = next(t for t in fig["data"] if t.get("meta") == "host")
+    assert fig["data"][-1] is host and fig["data"][figures.T_MARKER]["meta"] == "marker"
     assert host["y"] == [round(sim.host[i] / unit[1], 4) for i in host["x"]]
     assert max(host["y"]) == round(sim.host_peak / unit[1], 4)
-    plain = figures.timeline_figure(plan.timeline, plan.backward_start, plan.budget)
-    assert all(t.get("meta") != "host" for t in plain["data"])  # no copies, no host line
+    marks = next(t for t in fig["data"] if t.get("meta") == "copies")
+    assert marks["x"] == [s.index for s in plan.timeline if s.kind in ("offload", "prefetch")]
+    arrows = {"offload": "triangle-up", "prefetch": "triangle-down"}
+    assert marks["marker"]["symbol"] == [arrows[plan.program[i][0]] for i in marks["x"]]
+    plain = store_all_plan(problem)
+    drawn = figures.timeline_figure(
+        plain.timeline, plain.backward_start, plain.budget, host=plain.simulate().host
+    )
+    assert not {"host", "copies"} & {t.get("meta") for t in drawn["data"]}  # no copies drawn
 
     values = problem.graph.values
     lane = figures.transfer_figure(
