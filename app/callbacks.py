@@ -32,7 +32,9 @@ from app.state import (
     METHOD_LABELS,
     Studio,
     alive_at,
+    link_text,
     next_recompute,
+    next_transfer,
     op_fates,
     peak_hint,
     peak_step,
@@ -78,6 +80,7 @@ def _analysis(app: Dash, studio: Studio) -> None:
         Input(ids.COSTS, "value"),
         Input(ids.DEVICE, "value"),
         Input(ids.METHOD, "value"),
+        Input(ids.OFFLOAD, "value"),
         background=True,
         progress=[Output(ids.PROGRESS_BAR, "value"), Output(ids.PROGRESS_TEXT, "children")],
         progress_default=["0", ""],
@@ -85,8 +88,9 @@ def _analysis(app: Dash, studio: Studio) -> None:
         cancel=[Input(ids.CANCEL, "n_clicks")],
         interval=250,
     )
-    def prepare(set_progress, model, costs, device, method):
-        """Analyse the model (trace, costs, blocks) and the method's trade-off, in the background."""
+    def prepare(set_progress, model, costs, device, method, offload):
+        """Analyse the model (trace, costs, blocks) and the method's trade-off, in the
+        background; with the offload switch on, the remat+offload curve too."""
         key = studio.key(model, costs, device)
 
         def report(stage: str, frac: float) -> None:  # the analysis is 2-75% of the bar
@@ -115,11 +119,20 @@ def _analysis(app: Dash, studio: Studio) -> None:
                     p = min(ck, key=lambda p: p.budget)
                     numbers["ckpt_peak"] = p.peak
                     numbers["ckpt_time"] = p.overhead * problem.store_all_time
+            offload_method = studio.offload_method if offload else None
+            if offload_method:
+                label = f"{model}: computing the remat+offload curve…"
+                set_progress(["95", label])  # after the baselines' 85-95
+                curve = studio.offload_tradeoff(
+                    key, method, lambda f: set_progress([str(int(95 + 5 * f)), label])
+                )
+                minimum = min([minimum, *(p.budget for p in curve)])
             set_progress(["100", ""])
             return {
                 "key": key,
                 "model": model,
                 "method": method,
+                "offload": offload_method,
                 "methods": methods,
                 "peak": peak,
                 "minimum": minimum,
@@ -144,6 +157,7 @@ def _analysis(app: Dash, studio: Studio) -> None:
         Output(ids.INTRO, "children"),
         Output(ids.GRAPH, "elements"),
         Output(ids.TRADEOFF, "figure"),
+        Output(ids.TRADEOFF_NOTE, "children"),
         Input(ids.CONTEXT, "data"),
         State(ids.BUDGET, "value"),
         State(ids.METHOD, "value"),
@@ -153,7 +167,7 @@ def _analysis(app: Dash, studio: Studio) -> None:
         if not context:
             raise PreventUpdate
         if context["error"]:
-            return (context["error"], False) + (no_update,) * 7
+            return (context["error"], False) + (no_update,) * 8
         key = context["key"]
         problem = studio.problem(key)
         lo = context["min_pct"]
@@ -181,7 +195,17 @@ def _analysis(app: Dash, studio: Studio) -> None:
             intro(context["model"], studio.describe(context["model"]), context["numbers"]),
             elements,
             _tradeoff(studio, context, value),
+            tradeoff_note(context, link_text(problem)),
         )
+
+    app.clientside_callback(  # the curve takes seconds: say so at once
+        """function (on) { return (on && on.length) ?
+            "Computing the remat+offload curve (seconds: one solve per budget)…" :
+            window.dash_clientside.no_update; }""",
+        Output(ids.TRADEOFF_NOTE, "children", allow_duplicate=True),
+        Input(ids.OFFLOAD, "value"),
+        prevent_initial_call=True,
+    )
 
 
 def _budget(app: Dash, studio: Studio) -> None:
@@ -208,6 +232,7 @@ def _budget(app: Dash, studio: Studio) -> None:
         Output(ids.OVERHEAD, "children"),
         Output(ids.RECOMPUTED, "children"),
         Output(ids.SOLVE_TIME, "children"),
+        Output(ids.HOST, "children"),
         Output(ids.BUDGET_BYTES, "children"),
         Output(ids.PLAN, "data"),
         Output(ids.PLAN_ERROR, "children"),
@@ -223,20 +248,23 @@ def _budget(app: Dash, studio: Studio) -> None:
         """The slider's hot path: re-solve (cached), redraw the timeline and the numbers."""
         if not context or not context.get("key") or value is None:
             raise PreventUpdate
-        key, method, peak = context["key"], context["method"], context["peak"]
+        key, peak = context["key"], context["peak"]
+        method = context.get("offload") or context["method"]
         budget = int(value / 100 * peak)
         label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
         try:
             plan = studio.plan(key, method, budget)
         except Exception as err:
-            return (no_update,) * 5 + (label, None, plain_error(err), False, None, "")
+            return (no_update,) * 6 + (label, None, plain_error(err), False, None, "")
         problem = studio.problem(key)
+        sim = plan.simulate()
         fig = figures.timeline_figure(
             plan.timeline,
             plan.backward_start,
             budget,
             [b.name for b in problem.blocks],
             unit=figures.pick_unit(peak),
+            host=sim.host,
         )
         fig["layout"]["meta"]["budget_pct"] = value
         return (
@@ -245,6 +273,7 @@ def _budget(app: Dash, studio: Studio) -> None:
             f"{100 * (plan.overhead - 1):.1f}%",
             f"{plan.recomputed_ops}",
             f"{plan.solve_seconds * 1e3:.0f} ms",
+            fmt(sim.host_peak) if context.get("offload") else "–",
             label,
             {"key": key, "method": method, "budget": budget, "value": value},
             "",
@@ -414,6 +443,25 @@ def _memory(app: Dash, studio: Studio) -> None:
         )
 
     @app.callback(
+        Output(ids.TRANSFERS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_transfers(plan_ref):
+        """The transfer lane of the plan on screen: copies and compute stalls over time."""
+        plan, problem = _plan(studio, plan_ref)
+        if plan is None:
+            raise PreventUpdate
+        sim, values = plan.simulate(), problem.graph.values
+        return figures.transfer_figure(
+            sim.transfers,
+            sim.waits,
+            [v.name for v in values],
+            [v.nbytes for v in values],
+            link_text(problem),
+        )
+
+    @app.callback(
         Output(ids.ARENA, "figure"),
         Input(ids.PLAN, "data"),
         prevent_initial_call=True,
@@ -517,6 +565,7 @@ def _step_through(app: Dash, studio: Studio) -> None:
         Input(ids.STEP_RESET, "n_clicks"),
         Input(ids.JUMP_PEAK, "n_clicks"),
         Input(ids.JUMP_RECOMPUTE, "n_clicks"),
+        Input(ids.JUMP_TRANSFER, "n_clicks"),
         Input(ids.TICKER, "n_intervals"),
         State(ids.STEP, "data"),
         State(ids.TICKER, "disabled"),
@@ -525,7 +574,7 @@ def _step_through(app: Dash, studio: Studio) -> None:
         prevent_initial_call=True,
     )
     def step_through(
-        _play, _next, _back, _reset, _peak, _rec, _tick, step, paused, speed, plan_ref
+        _play, _next, _back, _reset, _peak, _rec, _copy, _tick, step, paused, speed, plan_ref
     ):
         plan, _ = _plan(studio, plan_ref)
         if plan is None:
@@ -541,8 +590,9 @@ def _step_through(app: Dash, studio: Studio) -> None:
             return 0, True, "▶ play"
         if trigger == ids.JUMP_PEAK:
             return peak_step(plan.timeline), True, "▶ play"
-        if trigger == ids.JUMP_RECOMPUTE:
-            target = next_recompute(plan.timeline, step)
+        if trigger in (ids.JUMP_RECOMPUTE, ids.JUMP_TRANSFER):
+            jump = next_recompute if trigger == ids.JUMP_RECOMPUTE else next_transfer
+            target = jump(plan.timeline, step)
             return (no_update if target is None else target), True, "▶ play"
         if trigger == ids.STEP_BACK:
             return max(0, (step or 0) - 1), no_update, no_update
@@ -591,13 +641,29 @@ def _plan(studio: Studio, plan_ref: dict | None):
 
 
 def _tradeoff(studio: Studio, context: dict, value: float) -> dict:
+    """The remat curves (the method's and the baselines'), and beside them the remat+offload
+    curve when the switch is on (`prepare` computed it)."""
     key, peak = context["key"], context["peak"]
     curves = {}
     for m in [context["method"], *BASELINES]:
         if m in context["methods"] and m not in curves:
             points = studio.tradeoff(key, m)
             curves[m] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
-    return figures.tradeoff_figure(curves, METHOD_LABELS, context["method"], value)
+    offload = context.get("offload")
+    if offload:
+        points = studio.offload_tradeoff(key, context["method"])
+        curves[offload] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
+    return figures.tradeoff_figure(curves, METHOD_LABELS, offload or context["method"], value)
+
+
+def tradeoff_note(context: dict, link: str) -> str:
+    """What the trade-off chart's curves are, under it."""
+    if context.get("offload"):
+        return (
+            f"Dashed: {METHOD_LABELS.get(context['offload'], context['offload'])}, beside "
+            f"remat alone ({METHOD_LABELS.get(context['method'], context['method'])}); {link}."
+        )
+    return "Turn on “offload to host memory” to draw the remat+offload curve beside these."
 
 
 def fmt(n: float) -> str:

@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=8050, help="TCP port, 0-65535")
     s.add_argument("--model", default=None, help="add package.module:callable to the models")
     s.add_argument("--app-debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
+    s.add_argument(
+        "--offload-method",
+        default="offload",
+        help="the offloading solver the page's offload switch re-solves with (default: offload)",
+    )
     s.set_defaults(run=_app)
     return p
 
@@ -254,7 +259,17 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 def _app(args: argparse.Namespace, rest: list[str]) -> int:
     from app.server import serve
 
-    serve(host=args.host, port=args.port, model=args.model, debug=args.app_debug)
+    try:
+        serve(
+            host=args.host,
+            port=args.port,
+            model=args.model,
+            debug=args.app_debug,
+            offload_method=args.offload_method,
+        )
+    except ValueError as e:  # an --offload-method that does not offload
+        print(f"remat app: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

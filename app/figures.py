@@ -43,10 +43,16 @@ METHOD_COLORS = {
     "store_all": "#54a24b",
     "checkpoint_blocks": "#9d755d",
     "sqrt_n": "#72b7b2",
+    "offload": "#b279a2",
+    "pofo": "#b279a2",
 }
+OFFLOAD_CURVES = ("offload", "pofo")  # drawn dashed: remat+offload beside remat-only
+HOST_COLOR = "#b279a2"
+TRANSFER_COLORS = {"offload": "#b279a2", "prefetch": "#7b4fa0", "stall": "#e45756"}
 BLOCK_TINTS = ["#e8f0fb", "#fdf0e2", "#e9f5e8", "#f7e8f2", "#eef0d9", "#e6f4f4", "#f3e9dc"]
 
-# trace order in the timeline figure: callbacks patch traces by these indices
+# trace order in the timeline figure: callbacks patch traces by these indices (the host
+# bytes of an offloading plan come after them)
 T_ACTIVATIONS, T_TEMPORARIES, T_GRADIENTS, T_RECOMPUTE, T_BUDGET, T_PEAK, T_MARKER = range(7)
 
 
@@ -81,11 +87,14 @@ def timeline_figure(
     unit: tuple[str, float] | None = None,
     max_points: int = MAX_POINTS,
     marker: int | None = None,
+    host: Sequence[int] = (),
 ) -> dict:
     """Live bytes per program step stacked by kind, phases shaded, recomputes, budget, peak.
 
     `steps` are `core.schedule.Step`-like records (index, kind, name, label, phase, block,
-    recompute, activations, temporaries, gradients).
+    recompute, activations, temporaries, gradients). Offload and prefetch steps are marked;
+    `host`: bytes parked in host memory after each step (an offloading plan's), drawn as a
+    line of its own, not in the stack.
     """
     n = len(steps)
     act = [s.activations for s in steps]
@@ -102,7 +111,7 @@ def timeline_figure(
 
     def where(s: Any) -> str:
         block = block_names[s.block] if 0 <= s.block < len(block_names) else ""
-        verb = "recompute" if s.recompute else ("run" if s.kind == "run" else "free")
+        verb = "recompute" if s.recompute else ("run" if s.kind == "run" else s.kind)
         # counted from 1, as the stepper counts
         return f"step {s.index + 1}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
 
@@ -169,6 +178,42 @@ def timeline_figure(
         }
     )
     traces.append(marker_trace(marker, max(peak, budget) / size))
+    copies = [i for i in range(n) if steps[i].kind in ("offload", "prefetch")]
+    if len(copies) > max_points:
+        copies = copies[:: math.ceil(len(copies) / max_points)]
+    if copies:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "copy to host (▲) / back (▼)",
+                "x": copies,
+                "y": [round(total[i] / size, 4) for i in copies],
+                "marker": {
+                    "symbol": [
+                        "triangle-up" if steps[i].kind == "offload" else "triangle-down"
+                        for i in copies
+                    ],
+                    "size": 7,
+                    "color": [TRANSFER_COLORS[steps[i].kind] for i in copies],
+                },
+                "hoverinfo": "skip",
+                "meta": "copies",
+            }
+        )
+    if any(host):
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": f"host memory (parked, peak {fmt_bytes(max(host))})",
+                "x": keep,
+                "y": [round(host[i] / size, 4) for i in keep],
+                "line": {"color": HOST_COLOR, "width": 2, "dash": "dot", "shape": "hv"},
+                "hovertemplate": "host %{y:.1f} " + name + "<extra></extra>",
+                "meta": "host",
+            }
+        )
     shapes = [
         _phase_rect(-0.5, backward_start - 0.5, "rgba(76,120,168,0.07)"),
         _phase_rect(backward_start - 0.5, n - 0.5, "rgba(84,162,75,0.07)"),
@@ -363,6 +408,92 @@ def marker_trace(step: int | None, height: float) -> dict:
     }
 
 
+def transfer_figure(
+    transfers: Sequence[Any],
+    waits: Sequence[tuple[int, float, float]],
+    value_names: Sequence[str],
+    sizes: Sequence[int],
+    link: str,
+) -> dict:
+    """The transfer lane on a time axis: each copy (`core.simulator.Transfer`: kind, value,
+    step, start, end in seconds) a bar on its row, offloads and prefetches, and each stall
+    of the compute lane, (run step, ready, started) from the simulation's `waits`, a red bar
+    on a row of its own. `link` names the host link, in the title."""
+    traces = []
+    rows = {"offload": "offload (device→host)", "prefetch": "prefetch (host→device)"}
+    for kind, row in rows.items():
+        mine = [t for t in transfers if t.kind == kind]
+        traces.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": row,
+                "y": [row] * len(mine),
+                "base": [round(t.start * 1e3, 6) for t in mine],
+                "x": [round((t.end - t.start) * 1e3, 6) for t in mine],
+                "text": [
+                    f"step {t.step + 1}: {kind} {value_names[t.value]} "
+                    f"({fmt_bytes(sizes[t.value])}), {_ms(t.start)}–{_ms(t.end)}"
+                    for t in mine
+                ],
+                "hovertemplate": "%{text}<extra></extra>",
+                "textposition": "none",
+                "marker": {"color": TRANSFER_COLORS[kind], "line": {"width": 0.5, "color": "#fff"}},
+                "meta": kind,
+            }
+        )
+    traces.append(
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": "compute waits (stall)",
+            "y": ["compute stalls"] * len(waits),
+            "base": [round(ready * 1e3, 6) for _, ready, _ in waits],
+            "x": [round((started - ready) * 1e3, 6) for _, ready, started in waits],
+            "text": [
+                f"step {step + 1} waits {_ms(started - ready)} for a prefetch"
+                for step, ready, started in waits
+            ],
+            "hovertemplate": "%{text}<extra></extra>",
+            "textposition": "none",
+            "marker": {"color": TRANSFER_COLORS["stall"]},
+            "meta": "stall",
+        }
+    )
+    stall = sum(started - ready for _, ready, started in waits)
+    moved = sum(sizes[t.value] for t in transfers if t.kind == "offload")
+    title = (
+        f"{len(transfers)} copies, {fmt_bytes(moved)} offloaded, stalls {_ms(stall)} · {link}"
+        if transfers
+        else f"no copies: this plan keeps or recomputes every activation · {link}"
+    )
+    return {
+        "data": traces,
+        "layout": {
+            "height": 220,
+            "margin": {"l": 150, "r": 10, "t": 30, "b": 40},
+            "title": {"text": title, "font": {"size": 12}, "x": 0, "xanchor": "left"},
+            "xaxis": {
+                "title": {"text": "time from the start of the training step (ms)"},
+                "rangemode": "tozero",
+            },
+            "yaxis": {
+                "categoryorder": "array",
+                "categoryarray": ["compute stalls", *reversed(rows.values())],
+            },
+            "barmode": "overlay",
+            "showlegend": False,
+            "hovermode": "closest",
+            "plot_bgcolor": "white",
+            "meta": {"copies": len(transfers), "stalls": len(waits), "link": link},
+        },
+    }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+
+
 def _phase_rect(x0: float, x1: float, color: str) -> dict:
     return {
         "type": "rect",
@@ -400,12 +531,14 @@ def tradeoff_figure(
     """Overhead (% extra time) against budget (% of store-all), one line per method.
 
     `curves` maps a method to its points (budget %, overhead %); the current method is drawn
-    first and boldest; clicking a point sets the budget (its x).
+    first and boldest, remat+offload methods (`OFFLOAD_CURVES`) dashed; clicking a point
+    sets the budget (its x).
     """
     order = [current] + [m for m in curves if m != current]
     traces = []
     for method in (m for m in order if m in curves):
         pts = sorted(curves[method])
+        dash = "dash" if method in OFFLOAD_CURVES else "solid"
         traces.append(
             {
                 "type": "scatter",
@@ -417,6 +550,7 @@ def tradeoff_figure(
                     "width": 3 if method == current else 1.5,
                     "shape": "hv",
                     "color": method_color(method),
+                    "dash": dash,
                 },
                 "marker": {"size": 9 if method == current else 6, "color": method_color(method)},
                 "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>"

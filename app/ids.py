@@ -5,6 +5,7 @@ MODEL = "model"
 COSTS = "costs"
 DEVICE = "device"
 METHOD = "method"
+OFFLOAD = "offload-switch"  # dcc.Checklist: ["on"] re-solves with the Studio's offload method
 BUDGET = "budget"  # dcc.Slider, % of the store-all peak
 BUDGET_BYTES = "budget-bytes"
 BUDGET_INPUT = "budget-input"  # typed budget (% of the store-all peak), commits on Enter or blur
@@ -32,6 +33,7 @@ PEAK = "num-peak"
 OVERHEAD = "num-overhead"
 RECOMPUTED = "num-recomputed"
 SOLVE_TIME = "num-solve-time"
+HOST = "num-host"  # bytes parked in host memory at once (offloading plans)
 
 # views
 INTRO = "intro"
@@ -44,6 +46,8 @@ TENSORS = "tensors"  # the per-tensor view: each live storage a band over progra
 ARENA = "arena"  # the address-by-time view: each storage at its offset in one arena
 PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
+TRADEOFF_NOTE = "tradeoff-note"  # what the dashed curve is, or that it is being computed
+TRANSFERS = "transfers"  # the transfer lane: copies and stalls on a time axis
 
 # measure here: the plan's real step on this machine, over the prediction
 MEASURE = "measure"
@@ -64,5 +68,6 @@ TICKER = "ticker"  # dcc.Interval driving play
 SPEED = "speed"  # steps per tick of play
 JUMP_PEAK = "jump-peak"
 JUMP_RECOMPUTE = "jump-recompute"
+JUMP_TRANSFER = "jump-transfer"  # to the next offload or prefetch
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"

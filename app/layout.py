@@ -134,6 +134,16 @@ def _controls(models, model, method, methods):
                 ],
                 className="control wide",
             ),
+            html.Div(
+                dcc.Checklist(
+                    [{"label": "offload to host memory", "value": "on"}],
+                    [],
+                    id=ids.OFFLOAD,
+                ),
+                className="control offload",
+                title="also park activations in host memory and bring them back before the "
+                "backward reads them: re-solves with offloading and draws its trade-off curve",
+            ),
         ],
     )
 
@@ -169,6 +179,12 @@ GLOSSARY = (
         "recompute",
         "running a forward op again in the backward because its result was freed to save "
         "memory: the plan pays the op's time to avoid keeping its bytes.",
+    ),
+    (
+        "offload",
+        "copying an activation to host memory after its last forward use and back before "
+        "the backward reads it: the copies run beside compute, so they cost time only when "
+        "a copy back arrives late.",
     ),
 )
 
@@ -243,6 +259,7 @@ def _budget_row():
             _number("extra time", ids.OVERHEAD),
             _number("recomputed ops", ids.RECOMPUTED),
             _number("solve time", ids.SOLVE_TIME),
+            _number("parked on host", ids.HOST),
         ],
     )
 
@@ -289,6 +306,14 @@ def _timeline_card():
     return [
         html.H2("Memory timeline"),
         _plot(ids.TIMELINE, 340),
+        html.H3("Transfer lane"),
+        html.P(
+            "With offloading on, copies to host memory and back run on a lane of their own "
+            "beside compute, at the host link's speed; a copy back that arrives late makes "
+            "compute wait (red).",
+            className="hint",
+        ),
+        _plot(ids.TRANSFERS, 220),
         html.Div(
             className="stepper",
             children=[
@@ -325,6 +350,11 @@ def _timeline_card():
                 html.Button(
                     "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
                 ),
+                html.Button(
+                    "next copy",
+                    id=ids.JUMP_TRANSFER,
+                    title="jump to the next offload or prefetch (offloading plans)",
+                ),
                 html.Span(id=ids.STEP_TEXT, className="step-text"),
             ],
         ),
@@ -359,6 +389,7 @@ def _tradeoff_card():
             figure={"data": [], "layout": {"height": 300}},
             config={"displaylogo": False, "displayModeBar": False},
         ),
+        html.P(id=ids.TRADEOFF_NOTE, className="hint"),
     ]
 
 

@@ -14,7 +14,7 @@ import diskcache
 from app import callbacks
 from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
-from app.state import DEFAULT_MODEL, Studio
+from app.state import DEFAULT_MODEL, DEFAULT_OFFLOAD, Studio
 from core.errors import ServeError
 from core.model_spec import resolve_builder
 
@@ -27,14 +27,16 @@ def create_app(
     initial_model: str | None = None,
     startup_error: str = "",
     warm: bool = True,
+    offload_method: str = DEFAULT_OFFLOAD,
 ) -> dash.Dash:
     """The Dash app over the sample models plus `extra_models` (name -> () -> (model, inputs)).
 
     It opens on `initial_model` (default gpt-tiny); `startup_error` is shown at the top of the
     page (a `--model` that failed to load). With `warm`, the first model is analysed in a
-    thread right away, so the page is usable sooner.
+    thread right away, so the page is usable sooner. The offload switch re-solves with
+    `offload_method` ("offload", or another offloading method `core.solve` knows).
     """
-    studio = Studio(extra_models)
+    studio = Studio(extra_models, offload_method)
     model = initial_model if initial_model in studio.builders else DEFAULT_MODEL
     manager = ThreadedDiskcacheManager(diskcache.Cache(tempfile.mkdtemp(prefix="remat-app-")))
     app = dash.Dash(
@@ -57,15 +59,20 @@ def create_app(
 
 
 def serve(
-    host: str = "127.0.0.1", port: int = 8050, model: str | None = None, debug: bool = False
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    model: str | None = None,
+    debug: bool = False,
+    offload_method: str = DEFAULT_OFFLOAD,
 ) -> None:
     """Serve the app on http://host:port/, opened on gpt-tiny or on `model`
-    ("package.module:callable" returning (model, example_inputs))."""
+    ("package.module:callable" returning (model, example_inputs)); its offload switch
+    re-solves with `offload_method`."""
     check_port(host, port)
     extra, initial = {}, None
     if model:  # a wrong --model is an error (ModelSpecError), not a silent fallback
         extra[model], initial = resolve_builder(model), model
-    app = create_app(extra, initial_model=initial)
+    app = create_app(extra, initial_model=initial, offload_method=offload_method)
     print(f"Remat Studio: http://{host}:{port}/", flush=True)
     app.run(host=host, port=port, debug=debug)
 

@@ -16,8 +16,10 @@ import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.figures import FATE_TEXT
-from core.errors import fmt_bytes
+from core.costs import DEVICES as DEVICE_SPECS
+from core.errors import InfeasibleBudget, fmt_bytes
 from core.frontier import minimum_budget
+from core.simulator import OFFLOAD, PREFETCH, RUN
 from core.solvers import available_methods
 
 DEFAULT_MODEL = "gpt-tiny"
@@ -32,8 +34,17 @@ METHOD_LABELS = {
     "store_all": "Store all (plain PyTorch)",
     "checkpoint_blocks": "Checkpoint every block",
     "sqrt_n": "√n checkpoints (Chen et al.)",
+    "offload": "remat + offload (Rockmate, then greedy offloads)",
+    "pofo": "remat + offload (POFO chain DP)",
 }
 DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
+# Methods that also offload: the offload switch re-solves with one of them (the Studio's
+# `offload_method`), so the method list offers only remat methods.
+OFFLOAD_METHODS = ("offload", "pofo")
+DEFAULT_OFFLOAD = "offload"
+CURVE_POINTS = 8  # remat+offload curve: budgets of the remat curve it is solved at
+BELOW_STEP = 0.01  # then below the remat minimum, in steps of this fraction of the peak,
+BELOW_STEPS = 10  # until a budget fails or this many steps
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
 # threads at once failed with "CURRENT_PATCHER is None". One analysis (or measured run, whose
@@ -54,9 +65,21 @@ class Point:
 
 
 class Studio:
-    """Models the page can open, and what has been computed for them."""
+    """Models the page can open, and what has been computed for them. `offload_method` is
+    the solver the offload switch re-solves with."""
 
-    def __init__(self, extra_models: dict[str, Callable] | None = None) -> None:
+    def __init__(
+        self,
+        extra_models: dict[str, Callable] | None = None,
+        offload_method: str = DEFAULT_OFFLOAD,
+    ) -> None:
+        if offload_method not in OFFLOAD_METHODS or offload_method not in available_methods():
+            known = [m for m in OFFLOAD_METHODS if m in available_methods()]
+            raise ValueError(
+                f"the offload switch needs an offloading method, not {offload_method!r}: "
+                f"choose one of {', '.join(known)}"
+            )
+        self.offload_method = offload_method
         self.builders: dict[str, Callable] = {
             name: partial(sample_models.build, name) for name in sample_models.names()
         }
@@ -109,10 +132,13 @@ class Studio:
     # -------------------------------------------------------------- methods
 
     def methods(self, problem) -> list[str]:
-        """Methods offered for this problem: whole-graph Checkmate only on small graphs."""
+        """Remat methods offered for this problem (offloading ones are the switch's):
+        whole-graph Checkmate only on small graphs."""
         out = []
         for m in available_methods():
             if m == "checkmate" and len(problem.graph.ops) >= CHECKMATE_MAX_OPS:
+                continue
+            if m in OFFLOAD_METHODS:
                 continue
             out.append(m)
         order = ["rockmate", "rotor", "checkmate", *BASELINES]
@@ -149,6 +175,46 @@ class Studio:
             return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
 
         return self.derived.get_or_make(("tradeoff", key, method), make)
+
+    def offload_tradeoff(
+        self, key: str, method: str, progress: Callable[[float], None] | None = None
+    ) -> list[Point]:
+        """The remat+offload curve beside `method`'s: `core.solve` with the offload method
+        at budgets of `method`'s curve (`CURVE_POINTS` of them), then below its minimum in
+        steps of `BELOW_STEP` of the peak until one fails; at each budget the fastest plan
+        found at or below it, as `core.tradeoff` draws a curve. Cached; seconds to compute.
+
+        (`core.tradeoff` with the offload method gives one point: `minimum_budget` probes
+        it at 1 byte, where its ladder of base budgets finds nothing, and gets the peak.)"""
+
+        def make() -> list[Point]:
+            peak = self.problem(key).store_all_peak
+            grid = [p.budget for p in self.tradeoff(key, method)] or [peak]
+            stride = math.ceil(len(grid) / CURVE_POINTS)
+            above = sorted(set(grid[::stride]) | {grid[-1]})
+            below = [grid[0] - int(k * BELOW_STEP * peak) for k in range(1, BELOW_STEPS + 1)]
+            plans = {}
+            total = len(above) + len(below)
+            for n, budget in enumerate(above + [b for b in below if b > 0]):
+                check_cancelled()
+                if progress:
+                    progress(n / total)
+                try:
+                    plans[budget] = self.plan(key, self.offload_method, budget)
+                except InfeasibleBudget:
+                    if budget < grid[0]:
+                        break  # below the remat minimum: stop at the first budget that fails
+            points, best = [], None
+            for budget in sorted(plans):
+                plan = plans[budget]
+                if best is None or plan.predicted_time < best.predicted_time:
+                    best = plan
+                points.append(Point(budget, best.predicted_peak, best.overhead))
+            return points
+
+        return self.derived.get_or_make(
+            ("offload-tradeoff", key, method, self.offload_method), make
+        )
 
     def tensors(self, key: str, method: str, budget: int) -> list[dict]:
         """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""
@@ -312,21 +378,10 @@ def step_view(problem, plan, i: int) -> dict:
                 f"Backward of block {block} ({bname}): {op.label} ({op.name}) computes "
                 f"gradients from the activations it reads (highlighted)."
             )
-    elif kind in ("offload", "prefetch"):
+    elif kind in (OFFLOAD, PREFETCH):
         value = graph.values[target]
         producer = graph.ops[value.producer] if value.producer is not None else None
-        reader = (_backward_reader(graph, producer) if producer else None) or "the backward"
-        if kind == "offload":
-            why = (
-                f"Offload {value.name} ({value.kind}, {_fmt(value.nbytes)}): a copy to host "
-                f"memory starts on the transfer lane; its device memory is released once the "
-                f"copy is done, and it comes back before {reader} reads it."
-            )
-        else:
-            why = (
-                f"Prefetch {value.name} ({_fmt(value.nbytes)}) back from host memory for "
-                f"{reader}: a prefetch that arrives late stalls the compute lane."
-            )
+        why = transfer_reason(problem, plan, i)
         if producer is not None and producer.phase == "forward":
             running = [producer.index]
     else:
@@ -346,6 +401,88 @@ def step_view(problem, plan, i: int) -> dict:
     }
 
 
+def link_text(problem) -> str:
+    """The host link the plan's copies are timed with, in words: the device preset it comes
+    from and its bandwidth each way."""
+    link, device = problem.link, problem.cost_model.partition(":")[2]
+    where = f"the {device} preset's" if device in DEVICE_SPECS else "an assumed PCIe 4 x16"
+    return (
+        f"host link: {where}, device→host {link.d2h / 1e9:g} GB/s, "
+        f"host→device {link.h2d / 1e9:g} GB/s"
+    )
+
+
+def transfer_reason(problem, plan, i: int) -> str:
+    """Why program step `i` (an offload or a prefetch) is there, from the plan and its
+    simulation: the value's bytes, the time to run its producer again against the time of
+    its two copies, whether the device is rid of it at the peak, and whether the copy back
+    hid behind compute or stalled it."""
+    graph, sim, link = problem.graph, plan.simulate(), problem.link
+    kind, v = plan.program[i]
+    value, end = graph.values[v], len(plan.program)
+    copies = [t for t in sim.transfers if t.value == v]
+    off = [t for t in copies if t.kind == OFFLOAD and t.step <= i][-1]
+    back = next((t for t in copies if t.kind == PREFETCH and t.step > off.step), None)
+    reader = None
+    if back is not None:
+        reader = next(
+            (
+                j
+                for j in range(back.step, end)
+                if plan.program[j][0] == RUN and v in graph.ops[plan.program[j][1]].inputs
+            ),
+            None,
+        )
+    reader_name = graph.ops[plan.program[reader][1]].name if reader is not None else "the backward"
+    late = 0.0  # seconds the reader waited for this copy back
+    for step, ready, started in sim.waits:
+        if back is not None and step == reader:
+            late = max(0.0, min(started, back.end) - ready)
+    out_s, in_s = value.nbytes / link.d2h, value.nbytes / link.h2d
+    if kind == OFFLOAD:
+        head = (
+            f"Offload {value.name} ({value.kind}, {_fmt(value.nbytes)}): a copy to host memory "
+            f"starts on the transfer lane ({_ms(out_s)} at {link.d2h / 1e9:g} GB/s); its device "
+            f"memory is released once the copy is done, and it comes back before {reader_name} "
+            "reads it."
+        )
+    else:
+        head = (
+            f"Prefetch {value.name} ({_fmt(value.nbytes)}) back from host memory for "
+            f"{reader_name}: {_ms(in_s)} at {link.h2d / 1e9:g} GB/s on the transfer lane."
+        )
+    producer = graph.ops[value.producer] if value.producer is not None else None
+    if producer is not None and producer.phase == "forward":
+        why = (
+            f"Why offload rather than recompute: running {producer.label} ({producer.name}) "
+            f"again would add {_ms(producer.time)} to the compute lane, while the copies out "
+            f"and back take {_ms(out_s + in_s)} on the transfer lane, beside compute"
+        )
+    else:
+        why = f"Why offload: the copies out and back take {_ms(out_s + in_s)} on the transfer lane"
+    if back is None:
+        hidden = "."
+    elif late > 0:
+        hidden = (
+            f"; here the copy back arrives late and {reader_name} waits {_ms(late)} for it "
+            "(a stall, counted in the step's time)."
+        )
+    else:
+        hidden = (
+            f"; the copy back is done before {reader_name} needs it, so they cost no time: "
+            "they hide behind compute."
+        )
+    away_from = off.release if off.release >= 0 else end
+    away_until = back.step if back is not None else end
+    at_peak = (
+        f" The device is rid of its {_fmt(value.nbytes)} across this plan's peak "
+        f"(step {sim.peak_step + 1})."
+        if away_from <= sim.peak_step < away_until
+        else ""
+    )
+    return f"{head} {why}{hidden}{at_peak}"
+
+
 def peak_step(timeline) -> int:
     """The program step where live memory is highest (the first, on ties)."""
     totals = [s.activations + s.temporaries + s.gradients for s in timeline]
@@ -358,6 +495,14 @@ def next_recompute(timeline, step: int | None) -> int | None:
     if not recomputes:
         return None
     return next((i for i in recomputes if step is None or i > step), recomputes[0])
+
+
+def next_transfer(timeline, step: int | None) -> int | None:
+    """The first offload or prefetch step after `step` (wrapping round), or None if none."""
+    copies = [s.index for s in timeline if s.kind in (OFFLOAD, PREFETCH)]
+    if not copies:
+        return None
+    return next((i for i in copies if step is None or i > step), copies[0])
 
 
 def peak_hint(timeline) -> str:

@@ -163,6 +163,7 @@ class Walk:
     )  # value -> [start, end)
     op_steps: dict[int, list[int]] = field(default_factory=dict)  # op -> steps that run it
     host: list[int] = field(default_factory=list)  # host bytes after each step
+    waits: list[tuple[int, float, float]] = field(default_factory=list)  # (run step, from, to)
 
 
 def walk(
@@ -220,6 +221,7 @@ def walk(
     releasing: list[tuple[float, int, int]] = []  # (copy done, transfer index, value)
     transfers: list[Transfer] = []
     host_steps: list[int] = []
+    waits: list[tuple[int, float, float]] = []  # runs that waited for a prefetch
     leaving: dict[int, list[int]] = {}  # offloaded value -> steps its leaving copies opened
 
     size = sizes.get  # the solvers' searches walk thousands of programs: keep this loop lean
@@ -292,6 +294,8 @@ def walk(
                 op_steps.setdefault(target, []).append(i)
             waited = start - time
             stall += waited
+            if record and waited > 0:
+                waits.append((i, time, start))
             time = start + op.time
             if i < backward_start:
                 f_time += op.time + waited
@@ -384,6 +388,7 @@ def walk(
         intervals,
         op_steps,
         host_steps,
+        waits,
     )
 
 
@@ -509,6 +514,8 @@ class Simulation:
     host_peak: int = 0  # most bytes parked at once
     host_slots: dict[int, int] = field(default_factory=dict)  # offload step -> pool offset
     host_pool: int = 0  # bytes of the host pool the slots need (>= host_peak)
+    waits: list[tuple[int, float, float]] = field(default_factory=list)  # stalls: (run step,
+    # seconds it was ready to start, seconds its prefetched input arrived)
 
     def live_after(self, step: int) -> set[int]:
         """Values (storages) live after program step `step` (-1: before the first)."""
@@ -637,6 +644,7 @@ def simulate(
         walked.host_peak,
         slots,
         max((slots[t.step] + sizes[t.value] for t in offloads), default=0),
+        walked.waits,
     )
 
 

@@ -324,3 +324,48 @@ def test_arena_view_places_every_storage_and_names_fragmentation(ready):
     assert "x the live peak" in fig["title"] and fig["bars"] > 10
     assert all("made by" in t and "offset" in t for t in fig["texts"])
     card(page, ids.ARENA).screenshot(path=str(SHOTS / "arena.png"))
+
+
+def test_the_offload_switch_draws_host_bytes_the_transfer_lane_and_a_second_curve(ready):
+    page = ready
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
+    # the remat+offload curve takes seconds: the page says so at once
+    page.wait_for_function(
+        "(id) => document.getElementById(id).textContent.startsWith('Computing the remat+offload')",
+        arg=ids.TRADEOFF_NOTE,
+    )
+    page.wait_for_function(
+        """() => { const g = document.querySelector('#tradeoff .js-plotly-plot');
+          return g && g.data.some(t => t.meta === 'offload'); }""",
+        timeout=120_000,
+    )
+    curves = page.evaluate(
+        "() => document.querySelector('#tradeoff .js-plotly-plot').data.map(t => [t.meta, t.x])"
+    )
+    assert [m for m, _ in curves][:2] == ["offload", "rockmate"]
+    offload, remat = curves[0][1], curves[1][1]
+    assert offload[0] < remat[0]  # offloading fits a lower budget than recomputation alone
+    assert "Dashed: remat + offload" in page.inner_text(f"#{ids.TRADEOFF_NOTE}")
+    page.wait_for_function(
+        """() => { const g = document.querySelector('#transfers .js-plotly-plot');
+          return g && g.layout.meta && g.layout.meta.copies > 0; }"""
+    )
+    lane = page.evaluate("() => document.querySelector('#transfers .js-plotly-plot').layout")
+    assert "the cpu preset's, device→host 17.5 GB/s" in lane["meta"]["link"]
+    assert page.locator(f"#{ids.TRANSFERS} .barlayer .point").count() == lane["meta"]["copies"]
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').data.some(t => t.meta === 'host')"
+    )
+    assert page.inner_text(f"#{ids.HOST}") not in ("–", "0 B")
+    page.click(f"#{ids.JUMP_TRANSFER}")
+    page.wait_for_function(
+        "(id) => document.getElementById(id).textContent.startsWith('Offload ')", arg=ids.STEP_WHY
+    )
+    assert "Why offload rather than recompute" in page.inner_text(f"#{ids.STEP_WHY}")
+    page.evaluate("() => window.scrollTo(0, 0)")  # bounding boxes in page coordinates
+    top = page.locator(f"#{ids.TIMELINE}").bounding_box()
+    end = page.locator(f"#{ids.STEP_WHY}").bounding_box()
+    height = end["y"] + end["height"] - top["y"]
+    clip = {"x": top["x"], "y": top["y"], "width": top["width"], "height": height}
+    page.screenshot(path=str(SHOTS / "offload.png"), clip=clip, full_page=True)
+    card(page, ids.TRADEOFF).screenshot(path=str(SHOTS / "offload-tradeoff.png"))
