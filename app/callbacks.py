@@ -124,7 +124,7 @@ def _analysis(app: Dash, studio: Studio) -> None:
                 label = f"{model}: computing the remat+offload curve…"
                 set_progress(["95", label])  # after the baselines' 85-95
                 curve = studio.offload_tradeoff(
-                    key, method, lambda f: set_progress([str(int(95 + 5 * f)), label])
+                    key, lambda f: set_progress([str(int(95 + 5 * f)), label])
                 )
                 minimum = min([minimum, *(p.budget for p in curve)])
             set_progress(["100", ""])
@@ -651,7 +651,7 @@ def _tradeoff(studio: Studio, context: dict, value: float) -> dict:
             curves[m] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
     offload = context.get("offload")
     if offload:
-        points = studio.offload_tradeoff(key, context["method"])
+        points = studio.offload_tradeoff(key)
         curves[offload] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
     return figures.tradeoff_figure(curves, METHOD_LABELS, offload or context["method"], value)
 

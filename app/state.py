@@ -17,7 +17,7 @@ import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.figures import FATE_TEXT
 from core.costs import DEVICES as DEVICE_SPECS
-from core.errors import InfeasibleBudget, fmt_bytes
+from core.errors import fmt_bytes
 from core.frontier import minimum_budget
 from core.simulator import OFFLOAD, PREFETCH, RUN
 from core.solvers import available_methods
@@ -42,9 +42,7 @@ DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
 # `offload_method`), so the method list offers only remat methods.
 OFFLOAD_METHODS = ("offload", "pofo")
 DEFAULT_OFFLOAD = "offload"
-CURVE_POINTS = 8  # remat+offload curve: budgets of the remat curve it is solved at
-BELOW_STEP = 0.01  # then below the remat minimum, in steps of this fraction of the peak,
-BELOW_STEPS = 10  # until a budget fails or this many steps
+OFFLOAD_POINTS = 12  # budgets of the remat+offload curve (each an offload solve: ~1 s)
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
 # threads at once failed with "CURRENT_PATCHER is None". One analysis (or measured run, whose
@@ -177,44 +175,22 @@ class Studio:
         return self.derived.get_or_make(("tradeoff", key, method), make)
 
     def offload_tradeoff(
-        self, key: str, method: str, progress: Callable[[float], None] | None = None
+        self, key: str, progress: Callable[[float], None] | None = None
     ) -> list[Point]:
-        """The remat+offload curve beside `method`'s: `core.solve` with the offload method
-        at budgets of `method`'s curve (`CURVE_POINTS` of them), then below its minimum in
-        steps of `BELOW_STEP` of the peak until one fails; at each budget the fastest plan
-        found at or below it, as `core.tradeoff` draws a curve. Cached; seconds to compute.
-
-        (`core.tradeoff` with the offload method gives one point: `minimum_budget` probes
-        it at 1 byte, where its ladder of base budgets finds nothing, and gets the peak.)"""
+        """The remat+offload curve: `core.tradeoff` with the offload method, `OFFLOAD_POINTS`
+        budgets from its minimum (bisected) to the peak. Cached; seconds to compute."""
 
         def make() -> list[Point]:
-            peak = self.problem(key).store_all_peak
-            grid = [p.budget for p in self.tradeoff(key, method)] or [peak]
-            stride = math.ceil(len(grid) / CURVE_POINTS)
-            above = sorted(set(grid[::stride]) | {grid[-1]})
-            below = [grid[0] - int(k * BELOW_STEP * peak) for k in range(1, BELOW_STEPS + 1)]
-            plans = {}
-            total = len(above) + len(below)
-            for n, budget in enumerate(above + [b for b in below if b > 0]):
+            def step(fraction: float) -> None:
                 check_cancelled()
                 if progress:
-                    progress(n / total)
-                try:
-                    plans[budget] = self.plan(key, self.offload_method, budget)
-                except InfeasibleBudget:
-                    if budget < grid[0]:
-                        break  # below the remat minimum: stop at the first budget that fails
-            points, best = [], None
-            for budget in sorted(plans):
-                plan = plans[budget]
-                if best is None or plan.predicted_time < best.predicted_time:
-                    best = plan
-                points.append(Point(budget, best.predicted_peak, best.overhead))
-            return points
+                    progress(fraction)
 
-        return self.derived.get_or_make(
-            ("offload-tradeoff", key, method, self.offload_method), make
-        )
+            problem = self.problem(key)
+            points = core.tradeoff(problem, self.offload_method, OFFLOAD_POINTS, step)
+            return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
+
+        return self.derived.get_or_make(("offload-tradeoff", key, self.offload_method), make)
 
     def tensors(self, key: str, method: str, budget: int) -> list[dict]:
         """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""

@@ -3,6 +3,7 @@ evenly spaced budgets up to the store-all peak (`core.tradeoff`, the app's trade
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import InfeasibleBudget
@@ -56,14 +57,24 @@ def _bisected_minimum(problem: Problem, method: str) -> int:
     return hi
 
 
-def tradeoff(problem: Problem, method: str = "rockmate", points: int = 24) -> list[TradeoffPoint]:
+def tradeoff(
+    problem: Problem,
+    method: str = "rockmate",
+    points: int = 24,
+    progress: Callable[[float], None] | None = None,
+) -> list[TradeoffPoint]:
     """Evenly spaced budgets from the method's minimum to the store-all peak; at each, the
-    fastest plan found at or below it, so the predicted time never rises with the budget."""
+    fastest plan found at or below it, so the predicted time never rises with the budget.
+    `progress(fraction)` is called before each solve (it may raise to cancel)."""
+    if progress:
+        progress(0.0)
     low, high = minimum_budget(problem, method), problem.store_all_peak
     budgets = sorted({low + (high - low) * i // max(points - 1, 1) for i in range(points)})
     out: list[TradeoffPoint] = []
     best: Plan | None = None
-    for b in budgets:
+    for n, b in enumerate(budgets):
+        if progress:
+            progress((n + 1) / (len(budgets) + 1))
         try:
             plan = solve(problem, b, method)
         except InfeasibleBudget:

@@ -47,18 +47,22 @@ def test_the_remat_offload_curve_goes_lower_and_is_never_slower_at_equal_budgets
     key = studio.key("gpt-tiny", "estimated", "cpu")
     peak = studio.problem(key).store_all_peak
     remat = {p.budget: p for p in studio.tradeoff(key, "rockmate")}
-    curve = studio.offload_tradeoff(key, "rockmate")
-    assert studio.offload_tradeoff(key, "rockmate") is curve  # cached
+    curve = studio.offload_tradeoff(key)
+    assert studio.offload_tradeoff(key) is curve  # cached
     budgets = [p.budget for p in curve]
     assert budgets == sorted(budgets) and budgets[-1] == peak
-    # measured: remat alone bottoms out at 31.7% of the peak, with offloading 30.7%
+    # measured: remat alone bottoms out at 31.7% of the peak, with offloading about 30.4%
     assert budgets[0] < min(remat)
     assert all(p.peak <= p.budget for p in curve)
-    shared = [p for p in curve if p.budget in remat]
-    assert len(shared) >= 5
-    assert all(p.overhead <= remat[p.budget].overhead for p in shared)
-    # at the remat minimum, recomputation alone costs 153% extra time; with offloading <1%
-    assert shared[0].overhead < remat[shared[0].budget].overhead
+    # at each budget, never slower than the remat curve's point at or below it
+    for p in curve:
+        below = [r for b, r in remat.items() if b <= p.budget]
+        if below:
+            assert p.overhead <= max(below, key=lambda r: r.budget).overhead + 1e-9, p
+    # near the remat minimum, recomputation alone costs 153% extra time; offloading far less
+    first = min(remat)
+    near = min((p for p in curve if p.budget >= first), key=lambda p: p.budget)
+    assert near.overhead < remat[first].overhead - 0.5
 
     context = {"key": key, "peak": peak, "method": "rockmate", "methods": ["rockmate"]}
     fig = _tradeoff(studio, {**context, "offload": "offload"}, 50)
