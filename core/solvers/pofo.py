@@ -30,7 +30,7 @@ checkpoint is offloaded at most once, and only at a sub-chain whose input it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
 from core.schedule import Plan, plan_of_program, store_all_plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, Link, program_from_runs, walk_step
+from core.solvers import rockmate
 from core.solvers.options import chain, layout
 from core.solvers.rotor import chain_plan
 from core.solvers.rotor_table import SLOTS, BlockOption, ChainBlock
@@ -351,15 +352,16 @@ def table_plan(problem: Problem, budget: int) -> Plan:
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    """The fastest of the POFO table's plan and Rockmate's and Rotor's chain plans that fits
-    `budget` (so never slower than either where it fits)."""
+    """The fastest of the POFO table's plan, Rockmate's plan and Rotor's that fits `budget`
+    (so never slower than either where it fits: the table alone may be, as its slot
+    probing can stop at a different slot count)."""
     if problem.store_all_peak <= budget:
         return store_all_plan(problem, "pofo", budget)
     plans: list[Plan] = []
     floors: list[int] = []
     for make in (
         lambda: table_plan(problem, budget),
-        lambda: chain_plan(problem, budget, "pofo", with_options=True),
+        lambda: replace(rockmate.solve(problem, budget), method="pofo"),
         lambda: chain_plan(problem, budget, "pofo", with_options=False),
     ):
         try:
