@@ -373,3 +373,25 @@ def test_pofo_fits_its_budget_and_never_loses_to_rotor_or_rockmate(gpt_tiny, fra
         except InfeasibleBudget:
             continue
         assert plan.predicted_time <= other.predicted_time
+
+
+@pytest.mark.slow
+def test_a_plan_the_dp_offloads_in_runs_exactly_as_predicted():
+    """gpt-small-6l with the h100 preset at 25% of its store-all peak: the table's own plan
+    offloads a layer's input (measured here: 1 MiB, no stall) and runs with eager's
+    gradients, device peak = predicted + 4 bytes, host bytes = predicted."""
+    model, inputs = fresh("gpt-small-6l")
+    problem = core.analyze(model, inputs, device="h100")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
+    plan = pofo.table_plan(problem, int(0.25 * problem.store_all_peak))
+    sim = check_program(plan, problem)
+    assert [t.kind for t in sim.transfers] == ["offload", "prefetch"]
+    assert plan.predicted_peak <= 0.25 * problem.store_all_peak
+    model.load_state_dict(state)
+    run = core.apply_plan(model, plan)
+    peak, loss, grads = measured_step(model, inputs, seed=3, run=run)
+    assert loss == eager_loss
+    assert_same_grads(grads, eager_grads)
+    assert peak == plan.predicted_peak + SEED_BYTES
+    assert run.host_peak == plan.predicted_host_bytes == sim.host_peak > 0

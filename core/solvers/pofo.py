@@ -18,14 +18,19 @@ extends; with no offload feasible the two tables are equal):
   checkpoints are disjoint in time (a forward window runs only plain forwards, a backward
   window is one block's backward, each block's backward runs once), so the lane is free
   when each copy starts.
-So the table's time is the simulated time, or more when the first read of a prefetched
-checkpoint comes after some of its block's forward (the stall is then shorter). Memory is in
-Rotor's slots; the final plan is always walked by `core.simulator`, and a plan whose
-simulated peak is over the budget is never returned (the slot count is probed down, as in
+So transfers add to the table's time only the stalls it counts (fewer when the first read
+of a prefetched checkpoint comes after some of its block's forward). Memory is in Rotor's
+slots; the final plan is always walked by `core.simulator`, and a plan whose simulated peak
+is over the budget is never returned (the slot count is probed down, as in
 `core.solvers.rotor`).
 
-Like Rotor's, the recurrence is optimal among persistent schedules in this model only: a
-checkpoint is offloaded at most once, and only at a sub-chain whose input it is.
+What is claimed (tests/test_pofo.py, against an enumeration on 4-6 block chains): in Rotor's
+classic model (every backward reads its input) the table's least time is the least time of
+every schedule in its family, walked step by step with the transfer lane: Rotor's persistent
+schedules where each checkpoint a sub-chain may drop is kept, recomputed or offloaded as
+above. Not searched: copies that overlap anything but plain forwards, prefetches issued
+before the backward of the sub-chain's first block, and offloading the activations an option
+keeps inside a block (what `method="offload"` does greedily).
 """
 
 from __future__ import annotations
@@ -347,8 +352,13 @@ def table_plan(problem: Problem, budget: int) -> Plan:
             program, start = _program(problem, best.slots)
             return plan_of_program(problem, program, start, "pofo", budget)
         slots -= max(1, -(-(probe.peak - budget) // table.slot))
-    smallest = _probe(problem, lowest).peak if lowest is not None else problem.store_all_peak
-    raise InfeasibleBudget(budget, smallest, "pofo")
+    if lowest is None:
+        raise InfeasibleBudget(budget, problem.store_all_peak, "pofo")
+    floor = _probe(problem, lowest)  # the chain model over-counts: the floor may still fit
+    if floor.peak > budget:
+        raise InfeasibleBudget(budget, floor.peak, "pofo")
+    program, start = _program(problem, lowest)
+    return plan_of_program(problem, program, start, "pofo", budget)
 
 
 def solve(problem: Problem, budget: int) -> Plan:
@@ -357,17 +367,20 @@ def solve(problem: Problem, budget: int) -> Plan:
     probing can stop at a different slot count)."""
     if problem.store_all_peak <= budget:
         return store_all_plan(problem, "pofo", budget)
-    plans: list[Plan] = []
+    plans: list[tuple[Plan, str | None]] = []
     floors: list[int] = []
-    for make in (
-        lambda: table_plan(problem, budget),
-        lambda: replace(rockmate.solve(problem, budget), method="pofo"),
-        lambda: chain_plan(problem, budget, "pofo", with_options=False),
+    for make, note in (
+        (lambda: table_plan(problem, budget), None),
+        (lambda: replace(rockmate.solve(problem, budget), method="pofo"), "Rockmate's"),
+        (lambda: chain_plan(problem, budget, "pofo", with_options=False), "Rotor's"),
     ):
         try:
-            plans.append(make())
+            plans.append((make(), note))
         except InfeasibleBudget as e:
             floors.append(e.minimum)
     if not plans:
         raise InfeasibleBudget(budget, min(floors), "pofo")
-    return min(plans, key=lambda p: p.predicted_time)
+    plan, note = min(plans, key=lambda pair: pair[0].predicted_time)
+    if note is not None:
+        plan.notes.append(f"POFO's table found nothing faster at this budget: {note} plan")
+    return plan
