@@ -206,7 +206,7 @@ def sequence(blocks: list[ChainBlock], table: PofoTable, slots: int) -> list[tup
         elif t > s:
             free(s + 1, t, m - q(o.kept), None)
         if p is not None:
-            seq.append(("prefetch", p))
+            seq.append((PREFETCH, p))
         seq.append(("B", s, c))
 
     def keep(s: int, t: int, m: int, p: int | None) -> None:
@@ -229,7 +229,7 @@ def sequence(blocks: list[ChainBlock], table: PofoTable, slots: int) -> list[tup
             keep(s, t, m - inp, p)
         elif c >= _OFFLOAD:
             j = c - _OFFLOAD
-            seq.extend([("F", s), ("offload", s)] + [("F", i) for i in range(s + 1, j)])
+            seq.extend([("F", s), (OFFLOAD, s)] + [("F", i) for i in range(s + 1, j)])
             free(j, t, m, s)
             perm = sum(q(b.permanent) for b in blocks[j : t + 1])
             keep(s, j - 1, m - perm - inp, p)
@@ -273,16 +273,15 @@ def program_of(
     program, start = program_from_runs(
         graph.ops, runs, len(runs) if n_forward is None else n_forward, graph.final_values
     )
-    ops = graph.ops
-    read_after = {
-        (pos, v)
+    ops = graph.ops  # a schedule offloads each checkpoint once at most
+    sent = {
+        v
         for pos, kind, v in marks
         if kind == OFFLOAD and any(v in ops[o].inputs for o in runs[pos:])
     }
-    sent = {v for pos, v in read_after}
     inserts: dict[int, list[Instruction]] = {}
     for pos, kind, v in marks:
-        if v in sent and (kind == PREFETCH or (pos, v) in read_after):
+        if v in sent:
             inserts.setdefault(pos, []).append((kind, v))
     result: list[Instruction] = []
     new_start = start
@@ -307,12 +306,15 @@ def _prepared(problem: Problem) -> tuple[list[ChainBlock], PofoTable]:
 
 @dataclass(frozen=True)
 class _Probe:
+    """The schedule at one slot count, walked once: its figures only (not its program)."""
+
     slots: int
     peak: int
     time: float
 
 
 def _program(problem: Problem, slots: int) -> tuple[list[Instruction], int]:
+    """The program of the table's schedule at `slots`."""
     blocks, table = _prepared(problem)
     return program_of(problem, blocks, sequence(blocks, table, slots))
 
