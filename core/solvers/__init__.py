@@ -19,6 +19,7 @@ from core.solvers import (
     checkmate,
     checkpoint_blocks,
     offload,
+    pofo,
     rockmate,
     rotor,
     sqrt_n,
@@ -41,6 +42,7 @@ SOLVERS: dict[str, Solver] = {
     "rockmate": rockmate.solve,
     "checkmate": checkmate.solve,
     "offload": offload.solve,
+    "pofo": pofo.solve,
 }
 METHODS = tuple(SOLVERS)
 
