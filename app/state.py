@@ -42,7 +42,7 @@ DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
 # `offload_method`), so the method list offers only remat methods.
 OFFLOAD_METHODS = ("offload", "pofo")
 DEFAULT_OFFLOAD = "offload"
-OFFLOAD_POINTS = 12  # budgets of the remat+offload curve (each an offload solve: ~1 s)
+OFFLOAD_POINTS = 8  # budgets of the remat+offload curve (an offload solve each: seconds)
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
 # threads at once failed with "CURRENT_PATCHER is None". One analysis (or measured run, whose
