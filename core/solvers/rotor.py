@@ -1,8 +1,9 @@
 """Rotor (Beaumont et al., 2019/2021): optimal checkpointing of a heterogeneous chain, with
 several options per block as in Rockmate, over the problem's chain of blocks. The table and
 its recurrence are in `core.solvers.rotor_table`; it is computed once up to twice the
-store-all peak and memoised per problem, so a new budget is a table read, the program and
-one simulation.
+store-all peak and memoised per problem, so a new budget is a few table reads (each
+schedule's peak and time found without building its program, `core.simulator.StepRuns`, and
+remembered per slot count), then the chosen schedule's program and one simulation.
 
 Method "rotor" gives each block a single option, keeping everything its backward reads.
 """
@@ -98,6 +99,7 @@ def _probe(problem: Problem, with_options: bool, slots: int) -> _Probe:
 
 @per_problem
 def _step_runs(problem: Problem) -> StepRuns:
+    """The step's arrays the probes read, built once per problem."""
     return StepRuns(problem.graph)
 
 
