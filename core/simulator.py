@@ -10,7 +10,9 @@ the solvers rank candidates by (a block or a whole graph as a `Dag`), the app's 
 (live values and each forward op's fate) and the runtime, which walks the same program.
 
 Each instruction kind has one handler in `walk`; a new kind is a new handler there and a new
-constant here, not a second simulator.
+constant here, not a second simulator. One shortcut, for speed only: `StepRuns` finds the
+peak and time `walk` gives the program of a run list (runs and frees, no transfers) without
+building it, for Rotor's probes; tests hold it to `walk` on every chain schedule.
 
 Time runs on two lanes: compute (runs, one after another) and transfer (offloads and
 prefetches, one after another, at the host link's bandwidth). A transfer starts when the lane
@@ -25,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
+
+import numpy as np
 
 from core.errors import RematError
 from core.graph import Graph, Phase
@@ -656,6 +660,77 @@ def walk_step(
     return walk(
         graph.ops, program, backward_start, sizes, initial, arriving, graph.final_values, link=link
     )
+
+
+class StepRuns:
+    """The peak and time that `walk_step` finds for the program of a run list under
+    free-after-last-read (`program_from_runs` with the step's final values), computed with
+    numpy without building the program: what a search comparing many run lists reads (Rotor
+    walks about ten schedules of thousands of runs per budget). It checks nothing (a run that
+    reads a value not live goes unnoticed), so walk the program a search picks.
+
+    Each production of a value is live from its run to its last read before the value is
+    produced again (its own run when unread; the end for a final value's last production),
+    so the bytes live after each run are a sum over intervals; frees only lower them."""
+
+    def __init__(self, graph: Graph) -> None:
+        sizes, _, arriving = _step_values(graph)
+        ops = graph.ops
+        self._outputs = _Ragged([op.outputs for op in ops])
+        self._inputs = _Ragged([op.inputs for op in ops])
+        self._time = np.array([op.time for op in ops], dtype=np.float64)
+        self._size = np.zeros(len(graph.values), dtype=np.int64)
+        self._size[list(sizes)] = list(sizes.values())
+        self._final = np.zeros(len(graph.values), dtype=bool)
+        self._final[list(graph.final_values)] = True
+        self._arriving = int(self._size[arriving].sum())  # live from the backward's start
+
+    def figures(self, runs: Sequence[int], n_forward: int) -> tuple[int, float]:
+        """(peak bytes, seconds) of the runs, the first `n_forward` of them the forward."""
+        ran = np.asarray(runs, dtype=np.int64)
+        n = len(ran)
+        made_at, made = self._outputs.gather(ran)
+        read_at, read = self._inputs.gather(ran)
+        # productions in (value, position) order; a read belongs to the latest production
+        # of its value before it (none: a placeholder, or a value produced elsewhere)
+        order = np.argsort(made * (n + 1) + made_at, kind="stable")
+        made, made_at = made[order], made_at[order]
+        keys = made * (n + 1) + made_at
+        which = np.searchsorted(keys, read * (n + 1) + read_at) - 1
+        ok = which >= 0
+        ok[ok] = made[which[ok]] == read[ok]
+        until = made_at.copy()
+        np.maximum.at(until, which[ok], read_at[ok])
+        last = np.ones(len(made), dtype=bool)
+        last[:-1] = made[1:] != made[:-1]
+        until[last & self._final[made]] = n  # never freed
+        size = self._size[made]
+        change = np.zeros(n + 2, dtype=np.int64)
+        np.add.at(change, made_at, size)
+        np.add.at(change, until + 1, -size)
+        change[n_forward] += self._arriving
+        live = np.cumsum(change[:n])  # bytes live after each run, before its frees
+        start = self._arriving + int(size[(made_at < n_forward) & (until >= n_forward)].sum())
+        peak = max(int(live.max()) if n else 0, start)
+        time = float(np.cumsum(self._time[ran])[-1]) if n else 0.0  # in order, as walk adds
+        return peak, time
+
+
+class _Ragged:
+    """Per-op tuples of values, flattened: gathers the values of a run list with positions."""
+
+    def __init__(self, rows: Sequence[tuple[int, ...]]) -> None:
+        self.count = np.array([len(r) for r in rows], dtype=np.int64)
+        self.begin = np.concatenate(([0], np.cumsum(self.count)[:-1])).astype(np.int64)
+        self.flat = np.array([v for r in rows for v in r], dtype=np.int64)
+
+    def gather(self, ran: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in `ran`, value) of every value the runs' rows hold, in run order."""
+        count = self.count[ran]
+        at = np.repeat(np.arange(len(ran), dtype=np.int64), count)
+        ends = np.cumsum(count)
+        offset = np.repeat(self.begin[ran] - (ends - count), count)
+        return at, self.flat[offset + np.arange(int(ends[-1]) if len(ends) else 0)]
 
 
 def _step_values(graph: Graph) -> tuple[dict[int, int], list[int], list[int]]:

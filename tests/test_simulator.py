@@ -12,9 +12,11 @@ from core.simulator import (
     RUN,
     Dag,
     InvalidPlan,
+    StepRuns,
     program_from_runs,
     simulated,
     walk,
+    walk_step,
 )
 from sample_models import build
 
@@ -104,3 +106,26 @@ def test_a_plan_with_a_backward_op_in_the_forward_is_refused(gpt_plan):
     program = [(RUN, first_backward), *plan.program]
     with pytest.raises(InvalidPlan, match="runs in the forward pass"):
         core.simulator.simulate(problem.graph, problem.block_of_op, program, len(program))
+
+
+def test_step_runs_gives_the_walks_figures_for_every_chain_schedule(gpt_plan):
+    """Rotor's probes read StepRuns instead of walking: on every distinct schedule Rotor and
+    Rockmate give gpt-tiny (recomputes, reused values, final outputs) it finds walk_step's
+    peak and time exactly, and the store-all order too."""
+    from core.solvers.rotor import _prepared, _runs
+
+    problem, _ = gpt_plan
+    graph, fast = problem.graph, StepRuns(problem.graph)
+    cases = {(tuple(graph.forward_ops + graph.backward_ops), len(graph.forward_ops))}
+    for with_options in (False, True):
+        _, table = _prepared(problem, with_options)
+        for slots in range(table.min_slots(), table.max_slots + 1):
+            runs, n_forward = _runs(problem, with_options, slots)
+            cases.add((tuple(runs), n_forward))
+    recomputing = [c for c in cases if len(c[0]) > len(set(c[0]))]
+    assert len(cases) > 20 and len(recomputing) > 10
+    for runs, n_forward in cases:
+        walked = walk_step(
+            graph, *program_from_runs(graph.ops, runs, n_forward, graph.final_values)
+        )
+        assert fast.figures(runs, n_forward) == (walked.peak, walked.time)

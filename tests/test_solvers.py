@@ -211,9 +211,9 @@ def test_keep_set_search_stops_at_its_state_bound_and_says_so():
 
 
 def test_chain_probes_walk_as_the_plan_simulates():
-    """Rotor's search compares schedules by a recording-free walk, memoised per slot count;
-    a plan made from a probe simulates to the same peak and time, and a repeated budget
-    gives the same program."""
+    """Rotor's search compares schedules by their peak and time without a program
+    (`StepRuns`), memoised per slot count; a plan made from a probe simulates to the same
+    peak and time, and a repeated budget gives the same program."""
     from core.solvers.rotor import _plan, _prepared, _probe
 
     _, _, problem, _ = _setup("gpt-tiny")

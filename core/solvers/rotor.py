@@ -1,8 +1,9 @@
 """Rotor (Beaumont et al., 2019/2021): optimal checkpointing of a heterogeneous chain, with
 several options per block as in Rockmate, over the problem's chain of blocks. The table and
 its recurrence are in `core.solvers.rotor_table`; it is computed once up to twice the
-store-all peak and memoised per problem, so a new budget is a table read, the program and
-one simulation.
+store-all peak and memoised per problem, so a new budget is a few table reads (each
+schedule's peak and time found without building its program, `core.simulator.StepRuns`, and
+remembered per slot count), then the chosen schedule's program and one simulation.
 
 Method "rotor" gives each block a single option, keeping everything its backward reads.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
 from core.schedule import Plan, plan_of_program, store_all_plan
-from core.simulator import Instruction, program_from_runs, walk_step
+from core.simulator import Instruction, StepRuns, program_from_runs
 from core.solvers.options import chain, layout
 from core.solvers.rotor_table import ChainBlock, Table, compute_table, runs_of, sequence
 
@@ -89,19 +90,32 @@ class _Probe:
 
 @per_problem
 def _probe(problem: Problem, with_options: bool, slots: int) -> _Probe:
-    """The simulated peak and time of the schedule at `slots`; memoised per problem, so a
-    new budget walks only slot counts no earlier budget walked."""
-    walked = walk_step(problem.graph, *_program(problem, with_options, slots))
-    return _Probe(with_options, slots, walked.peak, walked.time)
+    """The simulated peak and time of the schedule at `slots` (the figures `walk_step` gives
+    its program, found without building it); memoised per problem, so a new budget reads
+    only slot counts no earlier budget read."""
+    peak, time = _step_runs(problem).figures(*_runs(problem, with_options, slots))
+    return _Probe(with_options, slots, peak, time)
 
 
-def _program(problem: Problem, with_options: bool, slots: int) -> tuple[list[Instruction], int]:
-    """The program of the chain schedule at `slots` (step constants first, in no block)."""
+@per_problem
+def _step_runs(problem: Problem) -> StepRuns:
+    """The step's arrays the probes read, built once per problem."""
+    return StepRuns(problem.graph)
+
+
+def _runs(problem: Problem, with_options: bool, slots: int) -> tuple[list[int], int]:
+    """The op runs of the chain schedule at `slots` (step constants first, in no block) and
+    how many of them are the forward."""
     blocks, table = _prepared(problem, with_options)
     runs, n_forward = runs_of(blocks, sequence(blocks, table, slots))
     first = list(problem.constant_ops)
+    return first + runs, len(first) + n_forward
+
+
+def _program(problem: Problem, with_options: bool, slots: int) -> tuple[list[Instruction], int]:
+    """The program of the chain schedule at `slots`."""
     graph = problem.graph
-    return program_from_runs(graph.ops, first + runs, len(first) + n_forward, graph.final_values)
+    return program_from_runs(graph.ops, *_runs(problem, with_options, slots), graph.final_values)
 
 
 def _plan(problem: Problem, probe: _Probe, method: str, budget: int) -> Plan:
