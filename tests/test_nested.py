@@ -64,12 +64,13 @@ def test_the_whole_unet_nested_as_one_block_fits_where_the_chain_does_not():
 
 
 def test_rockmate_on_gpt_1layer_at_55_percent_is_within_5_percent_of_the_whole_graph_ilp():
-    """The whole-graph ILP (30 s, HiGHS) found overhead 1.4944 here (docs/nested.md). Rockmate
-    from the chain: 1.8126; with the 75-op graph also solved whole at the ILP's root node:
-    1.4512 measured. At 70% the chain's plan (1.1428) is fast enough: no ILP runs."""
+    """The whole-graph ILP (30 s, HiGHS) found overhead 1.3521 here at best (1.4944-1.6148
+    under load; docs/nested.md). Rockmate from the chain: 1.8126; with the 75-op graph also
+    solved whole by the ILP stopped at 300 nodes: 1.3694 measured. At 70% the chain's plan
+    (1.1428) is fast enough: no ILP runs."""
     problem = core.analyze(*build("gpt-1layer"))
     plan = core.solve(problem, 0.55, "rockmate")
-    assert plan.overhead <= 1.05 * 1.4944
+    assert plan.overhead <= 1.05 * 1.3521
     assert plan.notes[0] == "the whole graph (75 ops) solved by the ILP"
     easy = core.solve(problem, 0.7, "rockmate")
     assert easy.overhead <= 1.05 * 1.1428

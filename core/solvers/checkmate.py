@@ -278,7 +278,6 @@ def whole_graph_ilp(
     solver: str,
     time_limit: float | None,
     node_limit: int | None,
-    lookahead: int | None = 3,
     method: str = "checkmate",
 ) -> tuple[Plan, float | None] | None:
     """A `method` plan within `budget` from the whole-graph ILP, tightening the ILP's budget
@@ -288,7 +287,7 @@ def whole_graph_ilp(
     n_fwd = dag.n_forward
     target = budget
     for _ in range(8):
-        result = solve_ilp(dag, target, solver, time_limit, lookahead, node_limit)
+        result = solve_ilp(dag, target, solver, time_limit, node_limit=node_limit)
         if result is None:
             return None
         runs = [dag.order[i] for i in result.runs]

@@ -16,16 +16,16 @@ from core.solvers.nested import whole_graph_plan, whole_graph_schedules
 from core.solvers.options import ILP_BLOCK_SECONDS, ILP_MAX_OPS, chain, option_notes
 from core.solvers.rotor import chain_minimum, chain_plan
 
-# The whole-graph ILP on a small graph: the root node only (branch-and-bound nodes give the
-# same schedule on a loaded machine as on an idle one), recomputes chosen up to two backward
-# stages ahead. Measured on gpt-1layer (75 ops) at 55% of store-all: overhead 1.4512 (11,755
-# simplex iterations; a 3-stage lookahead: 1.6148; 20 nodes: no better, 5-8x the work); the
-# 30 s whole-graph ILP's incumbent was 1.4944-1.6148 there (docs/nested.md). It costs seconds
-# per budget and only beat the chain near its floor (gpt-1layer: at 52% and 55%, where the
-# chain has no plan or one of overhead 1.81; from 58% on, where the chain's is at most 1.31,
-# it lost), so it runs only where no chain plan fits or the chain's is slower than this:
-WHOLE_GRAPH_NODES = 1
-WHOLE_GRAPH_LOOKAHEAD = 2
+# The whole-graph ILP on a small graph, stopped at WHOLE_GRAPH_NODES branch-and-bound nodes
+# (the same schedule on a loaded machine as on an idle one). Measured on gpt-1layer (75 ops)
+# at 55% of store-all (overhead; CPU s): 300 nodes 1.3694 (21 s, 158,547 simplex iterations);
+# 100 nodes 1.5993 (13 s); the root node alone 1.6148 (5 s; with a 2-stage lookahead 1.4512,
+# no better at 20-100 nodes). The 30 s ILP's incumbent there: 1.3521 on a lightly loaded
+# machine, 1.4944-1.6148 under load (docs/nested.md). It costs seconds per budget and only
+# beat the chain near its floor (gpt-1layer, root node, 2-stage lookahead: at 52% and 55%,
+# where the chain has no plan or one of overhead 1.81; from 58% on, where the chain's is at
+# most 1.31, it lost), so it runs only where no chain plan fits or the chain's is slower than:
+WHOLE_GRAPH_NODES = 300
 WHOLE_GRAPH_OVERHEAD = 1.5
 
 
@@ -75,8 +75,7 @@ def _memoised_ilp(problem: Problem, budget: int) -> Plan | None:
         DEFAULT_SOLVER,
         ILP_BLOCK_SECONDS,
         WHOLE_GRAPH_NODES,
-        WHOLE_GRAPH_LOOKAHEAD,
-        "rockmate",
+        method="rockmate",
     )
     if found is None:
         return None
