@@ -248,7 +248,7 @@ def solve_with_bound(
     """The whole-graph ILP's plan and a lower bound on the overhead of any schedule this ILP
     admits at `budget` (its optimum when solved, HiGHS's bound when time ran out; None when
     unknown: CBC, or a tightened budget whose bound does not hold at `budget`)."""
-    found = _whole_graph(problem, budget, solver, time_limit, node_limit)
+    found = whole_graph_ilp(problem, budget, solver, time_limit, node_limit)
     if found is None:
         raise InfeasibleBudget(budget, ilp_minimum(problem, solver), "checkmate")
     return found
@@ -265,19 +265,24 @@ def ilp_minimum(problem: Problem, solver: str = DEFAULT_SOLVER, probe_nodes: int
         if high - low <= peak // 100:
             break
         mid = (low + high) // 2
-        if _whole_graph(problem, mid, solver, None, probe_nodes) is None:
+        if whole_graph_ilp(problem, mid, solver, None, probe_nodes) is None:
             low = mid
         else:
             high = mid  # the budget asked, which the ILP can meet again
     return high
 
 
-def _whole_graph(
-    problem: Problem, budget: int, solver: str, time_limit: float | None, node_limit: int | None
+def whole_graph_ilp(
+    problem: Problem,
+    budget: int,
+    solver: str,
+    time_limit: float | None,
+    node_limit: int | None,
+    method: str = "checkmate",
 ) -> tuple[Plan, float | None] | None:
-    """A plan within `budget` from the whole-graph ILP, tightening the ILP's budget when the
-    simulator finds its conservative rows still too loose, with the overhead bound (see
-    `solve_with_bound`); None when it finds nothing."""
+    """A `method` plan within `budget` from the whole-graph ILP, tightening the ILP's budget
+    when the simulator finds its conservative rows still too loose, with the overhead bound
+    (see `solve_with_bound`); None when it finds nothing."""
     dag = graph_dag(problem.graph)
     n_fwd = dag.n_forward
     target = budget
@@ -286,7 +291,7 @@ def _whole_graph(
         if result is None:
             return None
         runs = [dag.order[i] for i in result.runs]
-        plan = plan_from_runs(problem, runs, n_fwd, "checkmate", budget)
+        plan = plan_from_runs(problem, runs, n_fwd, method, budget)
         bound = None
         if result.bound is not None and target == budget:
             bound = 1 + result.bound / problem.store_all_time

@@ -1,16 +1,36 @@
 """Rockmate (Zhao et al., ICML 2023): each block's options from the block ILP
 (`core.solvers.checkmate`), chained by Rotor's dynamic program (`core.solvers.rotor`). A
-graph whose forward is small enough is also nested as one block (`core.solvers.nested`): its
-schedules compete with the chain's, the fastest plan that fits wins."""
+graph whose forward is small enough is also nested as one block (`core.solvers.nested`), and
+a graph of at most ILP_MAX_OPS ops is also solved whole by the bounded ILP at the budget
+asked: their schedules compete with the chain's, the fastest plan that fits wins."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from core.errors import InfeasibleBudget
-from core.problem import Problem
+from core.problem import Problem, per_problem
 from core.schedule import Plan
+from core.solvers.checkmate import DEFAULT_SOLVER, whole_graph_ilp
 from core.solvers.nested import whole_graph_plan, whole_graph_schedules
-from core.solvers.options import chain, option_notes
+from core.solvers.options import ILP_MAX_OPS, chain, option_notes
 from core.solvers.rotor import chain_minimum, chain_plan
+
+# The whole-graph ILP on a small graph, stopped at WHOLE_GRAPH_NODES branch-and-bound nodes
+# (the same schedule on a loaded machine as on an idle one). Measured on gpt-1layer (75 ops)
+# at 55% of store-all (overhead; CPU s): 300 nodes 1.3694 (21 s, 158,547 simplex iterations);
+# 100 nodes 1.5993 (13 s); the root node alone 1.6148 (5 s; with a 2-stage lookahead 1.4512,
+# no better at 20-100 nodes). The 30 s ILP's incumbent there: 1.3521 on a lightly loaded
+# machine, 1.4944-1.6148 under load (docs/nested.md).
+WHOLE_GRAPH_NODES = 300
+# Only a runaway guard: those 21 CPU s ran past a 60 s wall clock on this 2-core machine under
+# load (the schedule then depended on the load).
+WHOLE_GRAPH_SECONDS = 300.0
+# It costs seconds per budget and only beat the chain near its floor (gpt-1layer, root node,
+# 2-stage lookahead: at 52% and 55%, where the chain has no plan or one of overhead 1.81; from
+# 58% on, where the chain's is at most 1.31, it lost), so it runs only where no chain plan fits
+# or the chain's overhead is above this:
+WHOLE_GRAPH_OVERHEAD = 1.5
 
 
 def solve(problem: Problem, budget: int) -> Plan:
@@ -20,15 +40,49 @@ def solve(problem: Problem, budget: int) -> Plan:
         plan = None
     if plan is not None and budget < problem.store_all_peak:  # else no options were needed
         plan.notes += option_notes(chain(problem, True))
-    whole = whole_graph_plan(problem, budget) if budget < problem.store_all_peak else None
-    if whole is not None and (plan is None or whole.predicted_time < plan.predicted_time):
-        plan = whole
+    if budget < problem.store_all_peak:
+        plan = _faster(plan, whole_graph_plan(problem, budget))
+        if plan is None or plan.overhead > WHOLE_GRAPH_OVERHEAD:
+            plan = _faster(plan, _whole_graph_ilp(problem, budget))
     if plan is None:
         raise InfeasibleBudget(budget, minimum(problem), "rockmate")
     return plan
 
 
+def _faster(plan: Plan | None, other: Plan | None) -> Plan | None:
+    if other is not None and (plan is None or other.predicted_time < plan.predicted_time):
+        return other
+    return plan
+
+
 def minimum(problem: Problem) -> int:
-    """The smallest simulated peak of the chain's plans and the whole graph's schedules."""
+    """The smallest simulated peak of the chain's plans and the whole graph's schedules (the
+    whole-graph ILP is not probed: a bisection would cost several ILPs)."""
     peaks = [s.predicted_peak for s in whole_graph_schedules(problem)]
     return min([chain_minimum(problem, True), *peaks])
+
+
+def _whole_graph_ilp(problem: Problem, budget: int) -> Plan | None:
+    """The bounded whole-graph ILP's plan at `budget` on a graph of at most ILP_MAX_OPS ops
+    (None above, or when it finds nothing); a fresh copy of the memoised plan each call."""
+    found = _memoised_ilp(problem, budget)
+    return None if found is None else dataclasses.replace(found, notes=list(found.notes))
+
+
+@per_problem
+def _memoised_ilp(problem: Problem, budget: int) -> Plan | None:
+    if len(problem.graph.ops) > ILP_MAX_OPS:
+        return None
+    found = whole_graph_ilp(
+        problem,
+        budget,
+        DEFAULT_SOLVER,
+        WHOLE_GRAPH_SECONDS,
+        WHOLE_GRAPH_NODES,
+        method="rockmate",
+    )
+    if found is None:
+        return None
+    plan = found[0]
+    plan.notes.insert(0, f"the whole graph ({len(problem.graph.ops)} ops) solved by the ILP")
+    return plan
