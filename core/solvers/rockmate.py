@@ -1,7 +1,7 @@
 """Rockmate (Zhao et al., ICML 2023): each block's options from the block ILP
 (`core.solvers.checkmate`), chained by Rotor's dynamic program (`core.solvers.rotor`). A
 graph whose forward is small enough is also nested as one block (`core.solvers.nested`), and
-a graph of at most ILP_MAX_OPS ops is also solved whole by the bounded ILP at the budget
+a graph of at most WHOLE_GRAPH_MAX_OPS ops is also solved whole by the bounded ILP at the budget
 asked: their schedules compete with the chain's, the fastest plan that fits wins."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from core.problem import Problem, per_problem
 from core.schedule import Plan
 from core.solvers.checkmate import DEFAULT_SOLVER, whole_graph_ilp
 from core.solvers.nested import whole_graph_plan, whole_graph_schedules
-from core.solvers.options import ILP_MAX_OPS, chain, option_notes
+from core.solvers.options import chain, option_notes
 from core.solvers.rotor import chain_minimum, chain_plan
 
 # The whole-graph ILP on a small graph, stopped at WHOLE_GRAPH_NODES branch-and-bound nodes
@@ -23,6 +23,7 @@ from core.solvers.rotor import chain_minimum, chain_plan
 # no better at 20-100 nodes). The 30 s ILP's incumbent there: 1.3521 on a lightly loaded
 # machine, 1.4944-1.6148 under load (docs/nested.md).
 WHOLE_GRAPH_NODES = 300
+WHOLE_GRAPH_MAX_OPS = 128  # graphs above this get no whole-graph ILP
 # Only a runaway guard: those 21 CPU s ran past a 60 s wall clock on this 2-core machine under
 # load (the schedule then depended on the load).
 WHOLE_GRAPH_SECONDS = 300.0
@@ -63,7 +64,7 @@ def minimum(problem: Problem) -> int:
 
 
 def _whole_graph_ilp(problem: Problem, budget: int) -> Plan | None:
-    """The bounded whole-graph ILP's plan at `budget` on a graph of at most ILP_MAX_OPS ops
+    """The bounded whole-graph ILP's plan at `budget` on a graph of at most WHOLE_GRAPH_MAX_OPS ops
     (None above, or when it finds nothing); a fresh copy of the memoised plan each call."""
     found = _memoised_ilp(problem, budget)
     return None if found is None else dataclasses.replace(found, notes=list(found.notes))
@@ -71,7 +72,7 @@ def _whole_graph_ilp(problem: Problem, budget: int) -> Plan | None:
 
 @per_problem
 def _memoised_ilp(problem: Problem, budget: int) -> Plan | None:
-    if len(problem.graph.ops) > ILP_MAX_OPS:
+    if len(problem.graph.ops) > WHOLE_GRAPH_MAX_OPS:
         return None
     found = whole_graph_ilp(
         problem,
