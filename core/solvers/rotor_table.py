@@ -109,8 +109,13 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     grad = [q(b.grad) for b in blocks] + [0]
     perm = np.cumsum([0] + [q(b.permanent) for b in blocks])  # P(s..t) = perm[t+1] - perm[s]
     fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
+    out_arr = np.array(out + [0], dtype=np.int64)
+    fwd_peak = np.array([q(b.forward_peak) for b in blocks], dtype=np.int64)
     m = np.arange(slots + 1)
     inf = np.inf
+    # C(s, t, m) for every sub-chain, as arrays so that a sub-chain's splits are read at once
+    keep_arr = np.full((n, n, slots + 1), inf)
+    free_arr = np.full((n, n, slots + 1), inf)
     keep_cost: dict[tuple[int, int], np.ndarray] = {}
     keep_what: dict[tuple[int, int], np.ndarray] = {}
     free_cost: dict[tuple[int, int], np.ndarray] = {}
@@ -126,14 +131,15 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
 
     def better(best, what, val, choice) -> None:
         mask = val < best
-        best[mask], what[mask] = val[mask], choice
+        best[mask] = val[mask]
+        what[mask] = choice[mask] if isinstance(choice, np.ndarray) else choice
 
     for d in range(n):
         for s in range(n - d):
             t = s + d
             inp = out[s - 1] if s > 0 else 0
-            k_best, k_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
-            f_best, f_what = np.full(slots + 1, inf), np.full(slots + 1, -1, dtype=np.int64)
+            k_best, k_what = keep_arr[s, t], np.full(slots + 1, -1, dtype=np.int64)
+            f_best, f_what = free_arr[s, t], np.full(slots + 1, -1, dtype=np.int64)
             after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
             for i, o in enumerate(blocks[s].options):
                 kept = q(o.kept) + (out[s] if o.reads_output else 0)
@@ -154,19 +160,19 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
                 if not o.reads_input:  # the input can go once this forward has run
                     ok = (m >= inp + fwd_need) & (m >= bwd_need)
                     better(f_best, f_what, np.where(ok, val, inf), i)
-            need = 0
-            for j in range(s + 1, t + 1):
-                i = j - 1  # block i runs forward keeping nothing but its output
-                need = max(
-                    need, grad[t + 1] + (out[i - 1] if i > s else 0) + q(blocks[i].forward_peak)
-                )
+            if d:  # splits: blocks s..j-1 forward keeping only their outputs, j..t first
+                js = np.arange(s + 1, t + 1)
+                i = js - 1  # block i runs forward keeping nothing but its output
+                before = np.where(i > s, out_arr[i - 1], 0)
+                need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[i])
+                at = m[None, :] - (perm[t + 1] - perm[js])[:, None]  # shifted keep_cost
+                held = np.take_along_axis(keep_arr[s, i], np.maximum(at, 0), axis=1)
                 val = (
-                    fwd_t[j]
-                    - fwd_t[s]
-                    + free_cost[(j, t)]
-                    + shift(keep_cost[(s, j - 1)], int(perm[t + 1] - perm[j]))
+                    (fwd_t[js] - fwd_t[s])[:, None] + free_arr[js, t] + np.where(at >= 0, held, inf)
                 )
-                better(k_best, k_what, np.where(m >= need, val, inf), _LEAF + j)
+                val = np.where(m[None, :] >= need[:, None], val, inf)
+                first = np.argmin(val, axis=0)  # the first split reaching the least, as in order
+                better(k_best, k_what, val[first, m], _LEAF + js[first])
             keep_cost[(s, t)], keep_what[(s, t)] = k_best, k_what
             # with its input counted, a sub-chain either drops it early or keeps it throughout
             better(f_best, f_what, shift(k_best, inp), _KEEP_INPUT)
