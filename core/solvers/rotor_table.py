@@ -162,11 +162,11 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
                     better(f_best, f_what, np.where(ok, val, inf), i)
             if d:  # splits: blocks s..j-1 forward keeping only their outputs, j..t first
                 js = np.arange(s + 1, t + 1)
-                i = js - 1  # block i runs forward keeping nothing but its output
-                before = np.where(i > s, out_arr[i - 1], 0)
-                need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[i])
+                ran = js - 1  # each block ran runs forward keeping nothing but its output
+                before = np.where(ran > s, out_arr[ran - 1], 0)
+                need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[ran])
                 at = m[None, :] - (perm[t + 1] - perm[js])[:, None]  # shifted keep_cost
-                held = np.take_along_axis(keep_arr[s, i], np.maximum(at, 0), axis=1)
+                held = np.take_along_axis(keep_arr[s, ran], np.maximum(at, 0), axis=1)
                 val = (
                     (fwd_t[js] - fwd_t[s])[:, None] + free_arr[js, t] + np.where(at >= 0, held, inf)
                 )
