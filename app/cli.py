@@ -259,17 +259,13 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 def _app(args: argparse.Namespace, rest: list[str]) -> int:
     from app.server import serve
 
-    try:
-        serve(
-            host=args.host,
-            port=args.port,
-            model=args.model,
-            debug=args.app_debug,
-            offload_method=args.offload_method,
-        )
-    except ValueError as e:  # an --offload-method that does not offload
-        print(f"remat app: {e}", file=sys.stderr)
-        return 2
+    serve(  # a bad --model or --offload-method is a ValueError: main's one error line
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        debug=args.app_debug,
+        offload_method=args.offload_method,
+    )
     return 0
 
 

@@ -30,7 +30,7 @@ SEARCH_TOLERANCE = 0.01
 
 def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
     """The smallest budget (bytes) `method` can meet on this problem (for SEARCHED_MINIMUM
-    methods, the smallest a bisection between 0 and Rockmate's minimum finds)."""
+    methods, the smallest a bisection finds)."""
     if method == "rockmate":
         return rockmate.minimum(problem)
     if method == "rotor":
@@ -44,14 +44,17 @@ def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
 
 
 def _bisected_minimum(problem: Problem, method: str) -> int:
-    """Bisect the budget below Rockmate's minimum (which `method` meets: its search includes
-    Rockmate's plans); feasibility need not be monotone, so this is the smallest found."""
-    lo, hi = 0, rockmate.minimum(problem)
+    """The smallest budget at which `method` was found to fit, bisecting between 0 and the
+    store-all peak (where every method fits) to SEARCH_TOLERANCE of it. It returns a budget
+    that was solved, not a plan's peak: a search started lower may not find that plan.
+    Feasibility need not be monotone, so this is the smallest found, not a proven minimum."""
+    lo, hi = 0, problem.store_all_peak
     step = max(int(problem.store_all_peak * SEARCH_TOLERANCE), 1)
     while hi - lo > step:
         mid = (lo + hi) // 2
         try:
-            hi = solve(problem, mid, method).predicted_peak
+            solve(problem, mid, method)
+            hi = mid
         except InfeasibleBudget:
             lo = mid
     return hi

@@ -26,6 +26,7 @@ OUTPUTS = [
     (ids.OVERHEAD, "children"),
     (ids.RECOMPUTED, "children"),
     (ids.SOLVE_TIME, "children"),
+    (ids.HOST, "children"),
     (ids.BUDGET_BYTES, "children"),
     (ids.PLAN, "data"),
     (ids.PLAN_ERROR, "children"),

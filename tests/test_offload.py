@@ -207,11 +207,13 @@ def gpt():
 
 def test_the_offload_minimum_is_bisected_and_met(gpt):
     """The greedy solver's InfeasibleBudget only reports where one search got, so its minimum
-    (the app's curve, the bench's "min" row) is bisected: never above Rockmate's, and met."""
+    (the app's curve, the bench's "min" row) is bisected, to 1% of the store-all peak: a
+    budget that was solved, so asking for it again succeeds."""
     _, _, problem = gpt
     low = minimum_budget(problem, "offload")
-    assert low <= minimum_budget(problem, "rockmate")
-    assert low < problem.store_all_peak // 2  # gpt-tiny: 30% of store-all here
+    tolerance = problem.store_all_peak // 100
+    assert low <= minimum_budget(problem, "rockmate") + tolerance
+    assert low < problem.store_all_peak // 2  # gpt-tiny: about 30% of store-all here
     assert core.solve(problem, low, "offload").predicted_peak <= low
 
 
