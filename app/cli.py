@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--method",
         default="rockmate",
-        help="rockmate (default), rotor, checkmate, checkpoint_blocks, sqrt_n, store_all",
+        help="rockmate (default), rotor, checkmate, checkpoint_blocks, sqrt_n, store_all, "
+        "offload, pofo",
     )
     s.add_argument("-o", "--output", default="plan.pkl")
     s.set_defaults(run=_plan)
