@@ -12,7 +12,7 @@ import pytest
 from helpers import SEED_BYTES, assert_same_grads, fresh, measured_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_solver_properties import _classic, _until_made
+from test_solver_properties import _classic, _until_made, draw_blocks
 
 import core
 from core.errors import InfeasibleBudget
@@ -32,47 +32,7 @@ def chains(draw):
     """Random chains of 4 to 6 blocks, as tests/test_solver_properties.chains draws them
     (there 1 to 4: an offload pays only when blocks follow the one whose backward brings the
     checkpoint back, so it needs at least 5), with budgets near Rotor's least."""
-    n = draw(st.integers(4, 6))
-    blocks = []
-    for j in range(n):
-        out = 0 if j == n - 1 else draw(st.integers(1, 4))
-        options = []
-        for _ in range(draw(st.integers(1, 2))):
-            kept = draw(st.integers(0, 6))
-            reads_output = j < n - 1 and draw(st.booleans())
-            options.append(
-                BlockOption(
-                    (),
-                    (),
-                    forward_time=float(draw(st.integers(1, 5))),
-                    forward_peak=out + kept + draw(st.integers(0, 3)),
-                    kept=kept,
-                    reads_output=reads_output,
-                    reads_input=j > 0 and draw(st.booleans()),
-                    backward_time=float(draw(st.integers(1, 9))),
-                    backward_peak=draw(st.integers(0, 6)),
-                    needs_forward=kept > 0 or reads_output or draw(st.booleans()),
-                )
-            )
-        blocks.append(
-            ChainBlock(
-                output=out,
-                grad=0 if j == 0 else draw(st.integers(0, 3)),
-                permanent=draw(st.integers(0, 2)),
-                forward_runs=(),
-                forward_time=min(o.forward_time for o in options),
-                forward_peak=min(
-                    [out + draw(st.integers(0, 3))] + [o.forward_peak for o in options]
-                ),
-                options=options,
-            )
-        )
-    for j, blk in enumerate(blocks):  # a backward peaks at least where it ends
-        incoming = blocks[j + 1].grad if j + 1 < n else 0
-        for i, o in enumerate(blk.options):
-            end = blk.grad + blk.permanent - o.kept - incoming
-            if o.backward_peak < end:
-                blk.options[i] = dataclasses.replace(o, backward_peak=end)
+    blocks = draw_blocks(draw, draw(st.integers(4, 6)), 2)
     # budgets near Rotor's least feasible one, where an offload can pay
     least = rotor_table(blocks, 60, slots=60).min_slots()
     return blocks, max(1, (least or 30) + draw(st.integers(-1, 4)))

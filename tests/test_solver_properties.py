@@ -14,14 +14,14 @@ from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, seq
 # ---- Rotor on abstract chains -------------------------------------------------------------
 
 
-@st.composite
-def chains(draw):
-    n = draw(st.integers(1, 4))
+def draw_blocks(draw, n: int, max_options: int) -> list[ChainBlock]:
+    """A random chain of `n` blocks with 1 to `max_options` options each, whose backward
+    peaks are at least where they end (also drawn by tests/test_pofo.py)."""
     blocks = []
     for j in range(n):
         out = 0 if j == n - 1 else draw(st.integers(1, 4))
         options = []
-        for _ in range(draw(st.integers(1, 3))):
+        for _ in range(draw(st.integers(1, max_options))):
             kept = draw(st.integers(0, 6))
             reads_output = j < n - 1 and draw(st.booleans())
             options.append(
@@ -57,6 +57,12 @@ def chains(draw):
             end = blk.grad + blk.permanent - o.kept - incoming
             if o.backward_peak < end:
                 blk.options[i] = dataclasses.replace(o, backward_peak=end)
+    return blocks
+
+
+@st.composite
+def chains(draw):
+    blocks = draw_blocks(draw, draw(st.integers(1, 4)), 3)
     return blocks, draw(st.integers(4, 30))
 
 

@@ -45,13 +45,12 @@ from core.schedule import Plan, plan_of_program, store_all_plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, Link, program_from_runs, walk_step
 from core.solvers import rockmate
 from core.solvers.options import chain, layout
-from core.solvers.rotor import chain_plan
+from core.solvers.rotor import chain_plan, loosen
 from core.solvers.rotor_table import SLOTS, BlockOption, ChainBlock
 
 _LEAF = 1 << 20  # checkpoint block j's input, keep the sub-chain's input
 _OFFLOAD = 1 << 21  # checkpoint block j's input, offload the sub-chain's input
 _KEEP_INPUT = -2  # a sub-chain that keeps its input throughout
-LOOSEN_PROBES = 10  # table reads spent looking above the chain model's answer
 
 
 @dataclass
@@ -339,18 +338,7 @@ def table_plan(problem: Problem, budget: int) -> Plan:
         tried.add(slots)
         probe = _probe(problem, slots)
         if probe.peak <= budget:
-            best, lo, hi = probe, slots, table.max_slots
-            for _ in range(LOOSEN_PROBES):
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                trial = _probe(problem, mid)
-                if trial.peak <= budget:
-                    lo = mid
-                    if trial.time < best.time:
-                        best = trial
-                else:
-                    hi = mid
+            best = loosen(lambda n: _probe(problem, n), table.max_slots, slots, probe, budget)
             program, start = _program(problem, best.slots)
             return plan_of_program(problem, program, start, "pofo", budget)
         slots -= max(1, -(-(probe.peak - budget) // table.slot))

@@ -10,7 +10,9 @@ Method "rotor" gives each block a single option, keeping everything its backward
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
@@ -35,7 +37,8 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
         tried.add(slots)
         probe = _probe(problem, with_options, slots)
         if probe.peak <= budget:
-            best = _loosen(problem, with_options, table.max_slots, slots, probe, budget)
+            read = lambda n: _probe(problem, with_options, n)  # noqa: E731
+            best = loosen(read, table.max_slots, slots, probe, budget)
             return _plan(problem, best, method, budget)
         slots -= max(1, -(-(probe.peak - budget) // table.slot))
     minimum = chain_minimum(problem, with_options)
@@ -44,19 +47,30 @@ def chain_plan(problem: Problem, budget: int, method: str, with_options: bool) -
     raise InfeasibleBudget(budget, minimum, method)
 
 
-def _loosen(
-    problem: Problem, with_options: bool, max_slots: int, slots: int, probe: _Probe, budget: int
-) -> _Probe:
+class Probed(Protocol):
+    """A schedule read from a table at some slot count: its simulated peak and time."""
+
+    @property
+    def peak(self) -> int: ...
+
+    @property
+    def time(self) -> float: ...
+
+
+P = TypeVar("P", bound=Probed)
+
+
+def loosen(read: Callable[[int], P], max_slots: int, slots: int, probe: P, budget: int) -> P:
     """The chain model over-counts some memory (values it keeps live for a whole stage), so a
     schedule read at a larger slot count may still fit once simulated exactly. Binary search
-    the slots above `slots` for the fastest schedule whose simulated peak fits (a few table
-    reads, each remembered for later budgets)."""
+    the slots above `slots` (`read(slots)` gives a schedule's figures, remembered for later
+    budgets) for the fastest schedule whose simulated peak fits."""
     best, lo, hi = probe, slots, max_slots
     for _ in range(LOOSEN_PROBES):
         if hi - lo <= 1:
             break
         mid = (lo + hi) // 2
-        trial = _probe(problem, with_options, mid)
+        trial = read(mid)
         if trial.peak <= budget:
             lo = mid
             if trial.time < best.time:
