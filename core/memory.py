@@ -6,10 +6,10 @@ PyTorch frees it (`weakref.finalize`). On CPU this matched `torch.profiler`'s me
 exactly for a GPT; on CUDA, `torch.cuda.max_memory_allocated` is the reference instead.
 
 Host memory is not device memory: an offloading plan parks storages in a host pool that
-`host_pool` allocates, and `to_host` / `from_host` copy into and out of it, all outside every
-dispatch mode, so the tracker never sees the pool (nor `host_copy`'s copies) (on CPU, where host and device are the same
-memory, this is what keeps the pool out of the device peak, deliberately). The copy back lands
-in a device storage the caller allocates, inside the modes, so that one is counted.
+`host_pool` allocates and `copy_bytes` copies into and out of, outside every dispatch mode, so
+the tracker never sees the pool (nor `host_copy`'s copies). On CPU, where host and device are
+one memory, this is what keeps the pool out of the device peak, deliberately. The copy back
+lands in a device storage the caller allocates inside the modes, so that one is counted.
 Uses private PyTorch APIs: `TorchDispatchMode`, `_disable_current_modes`, pytree's
 `tree_leaves` and storage `_cdata`.
 """
@@ -64,26 +64,32 @@ def step_tensors(model: torch.nn.Module, inputs: Iterable[torch.Tensor]) -> list
     return out
 
 
-def host_pool(nbytes: int) -> torch.Tensor:
-    """A host buffer of `nbytes` (uint8), allocated where no tracker sees it: host memory."""
+def host_pool(nbytes: int, pinned: bool = False) -> torch.Tensor:
+    """A host buffer of `nbytes` (uint8), allocated where no tracker sees it: host memory.
+    `pinned` page-locks it, as CUDA needs for copies that overlap compute."""
     with _disable_current_modes():
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
 
 
-def to_host(pool: torch.Tensor, offset: int, storage: torch.UntypedStorage) -> None:
-    """Copy every byte of `storage` into `pool` at `offset`, unseen by any tracker."""
+def pool_bytes(pool: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+    """Bytes `offset` to `offset + nbytes` of a host pool: a view the tracker does not see."""
     with _disable_current_modes():
-        src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        pool[offset : offset + src.numel()].copy_(src)
+        return pool[offset : offset + nbytes]
+
+
+def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """Every byte of `storage`, as a uint8 tensor on its device (a view: nothing is copied)."""
+    with _disable_current_modes():
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
+    """`dst.copy_(src)` unseen by any tracker: a copy into or out of the host pool."""
+    with _disable_current_modes():
+        dst.copy_(src, non_blocking=non_blocking)
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of `t`'s values in host memory, unseen by any tracker (`save_on_cpu`'s pack)."""
     with _disable_current_modes():
         return t.detach().to("cpu", copy=True)
-
-
-def from_host(dst: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
-    """Copy `dst.numel()` bytes of `pool` from `offset` into `dst` (uint8, on the device)."""
-    with _disable_current_modes():
-        dst.copy_(pool[offset : offset + dst.numel()])

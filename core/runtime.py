@@ -5,11 +5,11 @@ instructions the simulator walked) inside one `torch.autograd.Function`, keeping
 keeps; `loss.backward()` then runs the rest of the program, recomputing what the plan
 recomputes, and hands autograd the parameter gradients, which land in the model's own `.grad`.
 
-Offloading plans run on CPU: an `offload` copies a storage into a host pool allocated once per
-step (`core.memory.host_pool`, which no device tracker counts), and the device storage is kept
-until the run step the simulator says its copy is done; a `prefetch` copies it back into a
-fresh device storage and rebuilds every view of it. On CUDA, offloading needs a side stream,
-events, a pinned pool and `record_stream` on the reloaded storages: not written yet, refused.
+Offloading plans run their `offload` and `prefetch` instructions through `core.transfers`: on
+CPU into a host pool the device tracker does not count, on CUDA on a side stream into a pinned
+pool, with the waits that keep both exact. An offloaded device storage is kept until the run
+step at which the simulator says its copy is done; a prefetched value is rebuilt, every view
+of it, on a fresh device storage, and the first instruction that touches it waits for its copy.
 
 Exactness rules kept here:
 - a recomputed random op (dropout) replays the random state of its first run, and the global
@@ -24,7 +24,7 @@ step's values after a backward unless `retain_graph=True`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,11 +34,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from core.errors import PlanMismatch, UnsupportedModel
 from core.graph import Graph
 from core.interpret import Call, binding, compile_node
-from core.memory import from_host, host_pool, to_host
 from core.plan_io import check_graph_meta
 from core.problem import Problem, analyze
 from core.schedule import Plan
-from core.simulator import FREE, OFFLOAD, PREFETCH
+from core.simulator import FREE, OFFLOAD, PREFETCH, RUN
 from core.trace import (
     CallSpec,
     TensorSpec,
@@ -49,6 +48,7 @@ from core.trace import (
     undeclared_writes,
     unflatten_output,
 )
+from core.transfers import HostLane, HostStep, HostWork, lane_for
 from core.validate import check_program
 
 # how a node runs: normally, replaying its random state, on copies of the state it writes, or not
@@ -62,72 +62,7 @@ class _Instr:
 
     calls: tuple  # ((call, mode, random), ...)
     drop: tuple[int, ...]  # env keys to drop afterwards: freed values, tuple results
-    host: _HostWork | None = None  # transfers and copies done before the calls
-
-
-@dataclass(frozen=True)
-class _HostWork:
-    """What an instruction does with host memory: before a run, the offloaded device storages
-    and the host copies whose copies are done (`release`, `unpark`); or one transfer."""
-
-    release: tuple[int, ...] = ()
-    unpark: tuple[int, ...] = ()
-    transfer: str = ""  # offload | prefetch | ""
-    value: int = -1
-    nodes: tuple[int, ...] = ()  # env keys bound to the value's storage
-    slot: int = 0  # offset in the host pool
-
-
-class _Host:
-    """One step's host memory: the pool, the device storages whose copy to it is not done,
-    and the parked values' views (to rebuild them on the device)."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.pool = host_pool(nbytes)
-        # per value, oldest first (one lane: copies are done in the order they were issued)
-        self.leaving: dict[int, list[list[torch.Tensor]]] = {}  # device copies going out
-        self.views: dict[int, list[tuple[int, torch.device, list[tuple]]]] = {}  # parked
-        self.parked = 0  # bytes parked now
-        self.peak = 0
-
-    def copy(self) -> _Host:
-        """An independent copy, for a backward that may run again (retain_graph)."""
-        other = _Host(0)
-        other.pool = self.pool.clone()
-        other.leaving = {v: [list(ts) for ts in copies] for v, copies in self.leaving.items()}
-        other.views = {v: list(parked) for v, parked in self.views.items()}
-        other.parked, other.peak = self.parked, self.peak
-        return other
-
-    def work(self, w: _HostWork, env: dict[int, Any]) -> None:
-        for v in w.release:
-            self.leaving[v].pop(0)  # the device storage goes with its last reference
-        for v in w.unpark:
-            self.parked -= self.views[v].pop(0)[0]
-        if w.transfer == OFFLOAD:
-            nodes = [n for n in w.nodes if n in env]
-            if not nodes:  # the simulator checked the program: a runtime bug if it happens
-                raise RuntimeError(f"offload of value {w.value}: no tensor holds it")
-            storage = env[nodes[0]].untyped_storage()
-            to_host(self.pool, w.slot, storage)
-            views = [
-                (n, t.dtype, t.storage_offset(), t.shape, t.stride())
-                for n in nodes
-                for t in (env[n],)
-            ]
-            self.views.setdefault(w.value, []).append((storage.nbytes(), storage.device, views))
-            self.leaving.setdefault(w.value, []).append([env.pop(n) for n in nodes])
-            self.parked += storage.nbytes()
-            self.peak = max(self.peak, self.parked)
-        elif w.transfer == PREFETCH:
-            nbytes, device, views = self.views[w.value][-1]  # its latest offload
-            data = torch.empty(nbytes, dtype=torch.uint8, device=device)  # device memory
-            from_host(data, self.pool, w.slot)
-            storage = data.untyped_storage()
-            for n, dtype, offset, shape, stride in views:
-                env[n] = torch.empty(0, dtype=dtype, device=device).set_(
-                    storage, offset, shape, stride
-                )
+    host: HostWork | None = None  # transfers and copies done before the calls
 
 
 class _Program:
@@ -152,9 +87,16 @@ class _Program:
         slot_of: dict[int, int] = {}
         self.transfers = transfers
         self.host_pool = sim.host_pool if sim else 0  # bytes
+        arriving: set[int] = set()  # prefetched values no instruction has touched yet
+        ready: dict[int, list[int]] = {}  # instruction -> the prefetches it waits for
         for i, (kind, target) in enumerate(plan.program):
             if i == plan.backward_start:
                 split = len(compiled)
+            touched = {target} if kind != RUN else set(graph.ops[target].inputs)
+            if arriving & touched:  # a FREE's wait joins the instruction its drop joins
+                at = len(compiled) - (kind == FREE)
+                ready.setdefault(at, []).extend(sorted(arriving & touched))
+                arriving -= touched
             if kind == FREE:  # a FREE joins the instruction before it (none precedes the first)
                 compiled[-1].drop += graph.value_nodes.get(target, ())
                 continue
@@ -162,8 +104,10 @@ class _Program:
                 assert sim is not None
                 if kind == OFFLOAD:
                     slot_of[target] = sim.host_slots[i]
+                else:
+                    arriving.add(target)
                 bound = graph.value_nodes.get(target, ())
-                work = _HostWork(transfer=kind, value=target, nodes=bound, slot=slot_of[target])
+                work = HostWork(transfer=kind, value=target, nodes=bound, slot=slot_of[target])
                 compiled.append(_Instr((), (), work))
                 continue
             op = graph.ops[target]
@@ -185,8 +129,10 @@ class _Program:
             drop = tuple(n for n in op.nodes if len(nodes[n].storages) > 1)
             copies_done = None
             if i in released or i in unparked:
-                copies_done = _HostWork(tuple(released.get(i, ())), tuple(unparked.get(i, ())))
+                copies_done = HostWork(tuple(released.get(i, ())), tuple(unparked.get(i, ())))
             compiled.append(_Instr(tuple(items), drop, copies_done))
+        for at, values in ready.items():
+            compiled[at].host = replace(compiled[at].host or HostWork(), ready=tuple(values))
         if plan.backward_start >= len(plan.program):
             split = len(compiled)
         # trace nodes the step's tensors bind to: parameters, state, then inputs
@@ -198,7 +144,7 @@ class _Program:
         self.backward = compiled[split:]
 
     def run(
-        self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any], host: _Host | None
+        self, instrs: list[_Instr], env: dict[int, Any], rng: dict[int, Any], host: HostStep | None
     ) -> None:
         pop = env.pop
         for ins in instrs:
@@ -234,7 +180,7 @@ class _Program:
 class _StepState:
     """What the forward leaves for the backward: live values and random states."""
 
-    def __init__(self, env: dict[int, Any], rng: dict[int, Any], host: _Host | None) -> None:
+    def __init__(self, env: dict[int, Any], rng: dict[int, Any], host: HostStep | None) -> None:
         self.env: dict[int, Any] | None = env
         self.rng = rng
         self.host = host
@@ -252,7 +198,10 @@ class _PlanFunction(torch.autograd.Function):
         env.update(program.constants)
         _run_prologue(program.prologue, env)
         rng: dict[int, Any] = {}
-        host = _Host(program.host_pool) if program.transfers else None
+        host = None
+        if program.transfers:
+            device = tensors[0].device if tensors else torch.device("cpu")
+            host = HostStep(runner._lane(device), program.host_pool)
         program.run(program.forward, env, rng, host)
         outputs = tuple(env[n] for n in trace.outputs)
         ctx.step = _StepState(env, rng, host)
@@ -284,10 +233,11 @@ class _PlanFunction(torch.autograd.Function):
         _run_prologue(program.tangent_prologue, env)
         program.run(program.backward, env, step.rng, host)
         grads = [env[g] if g is not None else None for g in trace.grads]
-        env.clear()
         if host is not None:
+            host.finish()
             ctx.runner.host_peak = host.peak
             del host
+        env.clear()
         n_params = ctx.n_params
         input_grads: list[torch.Tensor | None] = [None] * len(trace.input_specs)
         for pos, g in zip(trace.grad_inputs, grads[n_params:], strict=True):
@@ -307,13 +257,9 @@ class PlannedModule(nn.Module):
         self.plan = plan
         self._graph = graph
         self._program = _Program(graph, plan)
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        if self._program.transfers and device.type != "cpu":
-            raise NotImplementedError(
-                f"this plan offloads to host memory, which the runtime runs on CPU only: on "
-                f"{device.type} it needs a side stream, events, a pinned host pool and "
-                "record_stream on reloaded storages, not written yet; plan without offloading"
-            )
+        self._lanes: dict[torch.device, HostLane] = {}  # an offloading plan's copies, per device
+        if self._program.transfers:  # an unsupported device is refused here, not mid-step
+            self._lane(next((p.device for p in model.parameters()), torch.device("cpu")))
         self.host_peak = 0  # bytes the last step parked on the host at once (measured)
         trace = graph.trace
         params = dict(model.named_parameters())
@@ -323,6 +269,11 @@ class PlannedModule(nn.Module):
         self._input_specs = trace.input_specs
         self._grad_inputs = set(trace.grad_inputs)
         self._call = trace.call
+
+    def _lane(self, device: torch.device) -> HostLane:
+        if device not in self._lanes:
+            self._lanes[device] = lane_for(device)
+        return self._lanes[device]
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Buffers and frozen parameters, looked up each step (they may be reassigned)."""

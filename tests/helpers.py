@@ -1,5 +1,5 @@
-"""Shared test helpers: eager reference steps and plan steps measured the same way, and the
-app served in a thread for the browser and load tests."""
+"""Shared test helpers: eager reference steps and plan steps measured the same way, plans
+with offloads forced in, and the app served in a thread for the browser and load tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from core.memory import StorageTracker, step_tensors
+from core.schedule import Plan
 from core.simulator import DagOp
+from core.solvers.offload import MIN_BYTES, with_transfer
 from sample_models import build
 
 # bytes a measured step holds beyond the plan's prediction: the float32 scalar seed that
@@ -67,3 +69,25 @@ def serve_in_thread(app) -> tuple[str, object]:
     server = make_server("127.0.0.1", 0, app.server, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_port}/", server
+
+
+def forced(problem, plan: Plan, count: int) -> Plan:
+    """`plan` with its `count` largest kept activations offloaded, whatever the peak does."""
+    graph = problem.graph
+    program, start = list(plan.program), plan.backward_start
+    kept = plan.simulate().live_after(start - 1)
+    chosen = sorted(
+        (
+            v
+            for v in kept
+            if graph.values[v].kind == "activation" and graph.values[v].nbytes >= MIN_BYTES
+        ),
+        key=lambda v: (-graph.values[v].nbytes, v),
+    )
+    done = 0
+    for v in chosen:
+        trial = with_transfer(problem, program, start, v)
+        if trial is not None and done < count:
+            (program, start), done = trial, done + 1
+    assert done == count, f"only {done} activations to offload"
+    return Plan(program, start, "forced", 0, problem.fingerprint, problem=problem)

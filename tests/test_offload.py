@@ -11,6 +11,7 @@ from helpers import (
     TOY_OPS,
     TOY_SIZES,
     assert_same_grads,
+    forced,
     fresh,
     measured_step,
 )
@@ -33,7 +34,7 @@ from core.simulator import (
     program_from_runs,
     walk,
 )
-from core.solvers.offload import MIN_BYTES, with_transfer
+from core.solvers.offload import with_transfer
 from core.validate import check_program
 from sample_models import SMALL
 
@@ -146,28 +147,6 @@ def test_the_link_is_measured_where_costs_are_measured(capsys):
 
 
 # --------------------------------------------------------------------------- traced steps
-
-
-def forced(problem, plan: Plan, count: int) -> Plan:
-    """`plan` with its `count` largest kept activations offloaded, whatever the peak does."""
-    graph = problem.graph
-    program, start = list(plan.program), plan.backward_start
-    kept = plan.simulate().live_after(start - 1)
-    chosen = sorted(
-        (
-            v
-            for v in kept
-            if graph.values[v].kind == "activation" and graph.values[v].nbytes >= MIN_BYTES
-        ),
-        key=lambda v: (-graph.values[v].nbytes, v),
-    )
-    done = 0
-    for v in chosen:
-        trial = with_transfer(problem, program, start, v)
-        if trial is not None and done < count:
-            (program, start), done = trial, done + 1
-    assert done == count, f"only {done} activations to offload"
-    return Plan(program, start, "forced", 0, problem.fingerprint, problem=problem)
 
 
 def check_runs_as_predicted(name: str, base: str, count: int) -> None:
@@ -287,11 +266,11 @@ def test_offload_plans_round_trip_through_plan_files(tmp_path, gpt):
         Plan.from_data(data)
 
 
-def test_offload_plans_on_cuda_are_refused_not_run(gpt):
+def test_offload_plans_on_other_devices_are_refused_not_run(gpt):
     model, _, problem = gpt
     plan = forced(problem, store_all_plan(problem), 1)
     meta = fresh("gpt-tiny")[0].to("meta")
-    with pytest.raises(NotImplementedError, match="side stream, events, a pinned host pool"):
+    with pytest.raises(NotImplementedError, match="run on CPU and CUDA, not on meta"):
         PlannedModule(meta, problem.graph, plan)
 
 
