@@ -653,7 +653,14 @@ def _tradeoff(studio: Studio, context: dict, value: float) -> dict:
     if offload:
         points = studio.offload_tradeoff(key)
         curves[offload] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
-    return figures.tradeoff_figure(curves, METHOD_LABELS, offload or context["method"], value)
+    floor = studio.problem(key).floor
+    return figures.tradeoff_figure(
+        curves,
+        METHOD_LABELS,
+        offload or context["method"],
+        value,
+        (percent(floor.nbytes, peak), floor.op),
+    )
 
 
 def tradeoff_note(context: dict, link: str) -> str:

@@ -527,12 +527,13 @@ def tradeoff_figure(
     labels: dict[str, str],
     current: str,
     budget_pct: float | None,
+    floor: tuple[float, str] | None = None,
 ) -> dict:
     """Overhead (% extra time) against budget (% of store-all), one line per method.
 
     `curves` maps a method to its points (budget %, overhead %); the current method is drawn
     first and boldest, remat+offload methods (`OFFLOAD_CURVES`) dashed; clicking a point
-    sets the budget (its x).
+    sets the budget (its x). `floor` (budget %, the op): below it no plan can go, shaded.
     """
     order = [current] + [m for m in curves if m != current]
     traces = []
@@ -567,7 +568,8 @@ def tradeoff_figure(
             "xaxis": {"title": {"text": "budget (% of store-all peak)"}},
             "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "x": 0},
-            "shapes": [budget_shape(budget_pct)],
+            "shapes": [budget_shape(budget_pct)] + ([floor_shape(floor[0])] if floor else []),
+            "annotations": [floor_note(*floor)] if floor else [],
             "hovermode": "closest",
             "plot_bgcolor": "white",
             "clickmode": "event",
@@ -578,6 +580,38 @@ def tradeoff_figure(
 def method_color(method: str) -> str:
     """The method's own colour (a grey for methods without one)."""
     return METHOD_COLORS.get(method, "#7f7f7f")
+
+
+def floor_shape(floor_pct: float) -> dict:
+    """Budgets no plan can meet (below one op's own inputs and outputs): a grey band."""
+    return {
+        "type": "rect",
+        "xref": "x",
+        "yref": "paper",
+        "x0": 0,
+        "x1": floor_pct,
+        "y0": 0,
+        "y1": 1,
+        "fillcolor": "#d9d9d9",
+        "opacity": 0.5,
+        "line": {"width": 0},
+        "layer": "below",
+    }
+
+
+def floor_note(floor_pct: float, op: str) -> dict:
+    """The band's label: where the floor is and which op sets it."""
+    return {
+        "x": floor_pct,
+        "y": 1,
+        "xref": "x",
+        "yref": "paper",
+        "xanchor": "right",
+        "yanchor": "top",
+        "showarrow": False,
+        "text": f"no plan below {floor_pct:.1f}%<br>({op})",
+        "font": {"size": 11, "color": "#595959"},
+    }
 
 
 def budget_shape(budget_pct: float | None) -> dict:

@@ -23,14 +23,15 @@ class UnsupportedModel(RematError):
 class InfeasibleBudget(RematError):
     """No plan of the asked method fits the budget; `.minimum` is the smallest that does."""
 
-    def __init__(self, budget: int, minimum: int, method: str) -> None:
+    def __init__(self, budget: int, minimum: int, method: str, floor: str = "") -> None:
         self.budget = budget
         self.minimum = minimum
         self.method = method
+        why = f"; no plan of any method goes below {floor}" if floor else ""
         super().__init__(
             f"no '{method}' plan fits a budget of {fmt_bytes(budget)}; the smallest feasible "
             f"budget for this method is {fmt_bytes(minimum)} ({minimum} bytes): raise the budget "
-            f"or choose another method"
+            f"or choose another method{why}"
         )
 
 

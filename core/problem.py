@@ -14,7 +14,7 @@ from torch import nn
 
 from core import costs as cost_models
 from core.blocks import Block, constant_ops, find_blocks
-from core.errors import UnsupportedModel
+from core.errors import UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
 from core.simulator import Link, simulate, store_all_program
 from core.trace import capture, fingerprint, graph_meta
@@ -22,6 +22,22 @@ from core.trace import capture, fingerprint, graph_meta
 Progress = Callable[[str, float], None]  # (stage description, fraction done)
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The most device memory one op needs at once: its inputs and outputs (parameters, state
+    and step inputs aside, as in every peak). No plan, recomputing or offloading, goes below."""
+
+    nbytes: int
+    op: str  # its name in the graph, e.g. "_log_softmax_backward_data"
+    label: str  # e.g. "aten._log_softmax_backward_data"
+    tensors: tuple[int, ...]  # the bytes of each tensor it holds, largest first
+
+    def describe(self) -> str:
+        sizes = ", ".join(fmt_bytes(n) for n in self.tensors[:4])
+        more = f" and {len(self.tensors) - 4} more" if len(self.tensors) > 4 else ""
+        return f"{self.op} ({self.label}) holds {fmt_bytes(self.nbytes)} at once: {sizes}{more}"
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: solvers memoise per problem
@@ -44,6 +60,19 @@ class Problem:
     def constant_ops(self) -> tuple[int, ...]:
         """Step constants (masks, position ids, rotary tables): in no block, run first."""
         return constant_ops(self.graph)
+
+    @cached_property
+    def floor(self) -> Floor:
+        """The op whose inputs and outputs need the most device bytes at once: a lower bound
+        on every plan's peak (on a GPT with a large vocabulary, the loss's softmax backward)."""
+        values = self.graph.values
+
+        def held(op) -> list[int]:
+            kept = {v for v in (*op.inputs, *op.outputs) if not values[v].is_placeholder}
+            return sorted((values[v].nbytes for v in kept), reverse=True)
+
+        op = max(self.graph.ops, key=lambda o: (sum(held(o)), -o.index))
+        return Floor(sum(held(op)), op.name, op.label, tuple(held(op)))
 
     @property
     def link(self) -> Link:

@@ -12,6 +12,7 @@ from torch import nn
 
 import core
 from core.errors import BudgetError, InfeasibleBudget
+from core.frontier import minimum_budget
 from core.solvers import parse_budget
 from sample_models import build
 
@@ -61,6 +62,23 @@ def test_budget_below_minimum_names_the_minimum(problem):
     assert minimum > 0.05 * problem.store_all_peak
     assert str(minimum) in str(err.value)
     core.solve(problem, minimum, method="checkpoint_blocks")  # the minimum itself fits
+
+
+def test_a_budget_below_every_plan_names_the_op_that_sets_the_floor(problem):
+    """The floor is one op's own inputs and outputs: no method's plan goes below it, and a
+    budget under it says which op and how many bytes."""
+    floor = problem.floor  # the loss's softmax backward: logits, their grad, the result
+    assert floor.label == "aten._log_softmax_backward_data" and len(set(floor.tensors)) == 1
+    for method in ("checkpoint_blocks", "rotor", "rockmate", "offload"):
+        with pytest.raises(InfeasibleBudget) as err:
+            core.solve(problem, floor.nbytes - 1, method=method)
+        assert f"no plan of any method goes below {floor.op}" in str(err.value)
+        assert err.value.minimum >= floor.nbytes
+    low = minimum_budget(problem, "rockmate")
+    assert floor.nbytes <= core.solve(problem, low).predicted_peak
+    with pytest.raises(InfeasibleBudget) as err:  # above the floor, below the method's minimum
+        core.solve(problem, (floor.nbytes + low) // 2, method="checkpoint_blocks")
+    assert "no plan of any method" not in str(err.value)
 
 
 class _Nonzero(nn.Module):

@@ -130,15 +130,21 @@ def solve(
             f"planned for {fmt_bytes(peak)}, where nothing needs recomputing"
         )
     start = time.perf_counter()
-    if reorder:
-        plan = solve_reordered(problem, effective, SOLVERS[method], method)
-    else:
-        plan = SOLVERS[method](problem, effective)
+    try:
+        if reorder:
+            plan = solve_reordered(problem, effective, SOLVERS[method], method)
+        else:
+            plan = SOLVERS[method](problem, effective)
+    except InfeasibleBudget as e:
+        if effective >= problem.floor.nbytes:
+            raise
+        raise InfeasibleBudget(e.budget, e.minimum, e.method, problem.floor.describe()) from None
     plan.solve_seconds = time.perf_counter() - start
     plan.budget = asked
     plan.notes = notes + plan.notes
     if plan.predicted_peak > effective:
-        raise InfeasibleBudget(asked, plan.predicted_peak, method)
+        floor = problem.floor.describe() if effective < problem.floor.nbytes else ""
+        raise InfeasibleBudget(asked, plan.predicted_peak, method, floor)
     return plan
 
 
