@@ -153,6 +153,8 @@ def _inspect(args: argparse.Namespace, rest: list[str]) -> int:
         f"parameters: {fmt_bytes(problem.param_bytes)}, inputs: {fmt_bytes(problem.input_bytes)}\n"
         f"store_all_peak: {fmt_bytes(problem.store_all_peak)} ({problem.store_all_peak} bytes), "
         f"store-all time: {problem.store_all_time * 1e3:.1f} ms ({problem.cost_model} costs)\n"
+        f"floor: {problem.floor.nbytes / problem.store_all_peak:.1%} of store-all, no plan goes "
+        f"below it: {problem.floor.describe()}\n"
         f"core.analyze took {seconds:.1f} s"
     )
     return 0
