@@ -228,8 +228,8 @@ def check_data(data: Any, name: str = "plan") -> None:
     if not isinstance(fp, str) or not re.fullmatch(r"[0-9a-f]{32}", fp):
         raise bad("fingerprint", "is not 32 hexadecimal digits")
     budget = data["budget"]
-    if not _is_int(budget, 1, MAX_BYTES_FIELD):
-        raise bad("budget", f"is not a number of bytes from 1 to 2**62 ({budget!r})")
+    if not _is_int(budget, 0, MAX_BYTES_FIELD):  # 0: none, a plan built by hand
+        raise bad("budget", f"is not a number of bytes from 0 (none) to 2**62 ({budget!r})")
     program = data["program"]
     if not isinstance(program, list) or not program:
         raise bad("program", "is empty or not a list")

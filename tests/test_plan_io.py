@@ -10,6 +10,7 @@ import core
 import core.simulator
 from core.errors import PlanFileError
 from core.plan_io import VERSION
+from core.schedule import store_all_plan
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,17 @@ def test_round_trip_applies_and_matches(tmp_path, gpt_tiny_plan):
     peak, _, got = measured_step(model, inputs, run=core.apply_plan(model, loaded))
     assert_same_grads(got, want)
     assert peak == gpt_tiny_plan.predicted_peak + SEED_BYTES
+
+
+def test_a_plan_built_by_hand_has_no_budget_and_still_round_trips(tmp_path, gpt_tiny_plan):
+    """Plans made outside `core.solve` (store_all_plan, a program of one's own) carry budget
+    0, which the validator reads as none: the file they save loads again."""
+    problem = gpt_tiny_plan.attached_problem()
+    plan = store_all_plan(problem)
+    assert plan.budget == 0
+    plan.save(tmp_path / "plan.pkl")
+    loaded = core.load_plan(tmp_path / "plan.pkl")
+    assert loaded.budget == 0 and loaded.program == plan.program
 
 
 def test_file_holds_plain_data_only(tmp_path, gpt_tiny_plan):
