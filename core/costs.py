@@ -187,19 +187,27 @@ def measure_times(
     graph: Graph,
     repeats: int = 5,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> list[float]:
-    """Per-op seconds measured on real tensors, 1 thread, median of `repeats` runs.
+    """Per-op seconds measured on real tensors on `device`, 1 thread, median of `repeats`.
 
     Ops with an identical signature (`op_signature`) are timed once, so identical layers cost
-    one measurement. Traces record no device, so ops run on this machine's CPU. Each op runs
+    one measurement. Traces record no device: `analyze` passes the model's. Each op runs
     its ATen nodes in order through `run_node`, as the runtime does, on fresh inputs: floats
-    random normal, integers zeros (valid indices), bools random. Time is the measuring
-    thread's CPU time, so other processes sharing the cores do not inflate it. The caller's
-    thread count and random state are left as they were. `progress(done, total)` is called
-    after each distinct signature is timed; `total` is the number of distinct signatures.
+    random normal, integers zeros (valid indices), bools random. On CPU, time is the measuring
+    thread's CPU time, so other processes sharing the cores do not inflate it; on CUDA, wall
+    time between synchronizations (kernels run asynchronously). The caller's thread count
+    and random state are left as they were. `progress(done, total)` is called after each
+    distinct signature is timed; `total` is the number of distinct signatures.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"measured costs run on a torch device (cpu, cuda), not {device!r}"
+        ) from None
     trace = graph.trace
     signatures = [op_signature(trace, op) for op in graph.ops]
     first: dict[tuple, Op] = {}
@@ -209,10 +217,10 @@ def measure_times(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(0)
             for done, (sig, op) in enumerate(first.items(), 1):
-                seconds[sig] = _time_op(trace, op, repeats)
+                seconds[sig] = _time_op(trace, op, repeats, dev)
                 if progress is not None:
                     progress(done, len(first))
     finally:
@@ -225,12 +233,15 @@ def assign_times(
 ) -> None:
     """Fill op.time for every op of graph.ops by the cost model "estimated" or "measured".
 
-    `device` picks the spec of the estimate; `kw` goes to `measure_times` (repeats, progress).
+    `device` picks the spec of the estimate, or the torch device measured on; `kw` goes to
+    `measure_times` (repeats, progress).
     """
     if model == "estimated":
         times = estimate_times(graph, device, **kw)
     elif model == "measured":
-        times = measure_times(graph, **kw)
+        if not isinstance(device, str):
+            raise ValueError(f"measured costs run on a torch device (cpu, cuda), not {device!r}")
+        times = measure_times(graph, device=device, **kw)
     else:
         raise ValueError(f"unknown cost model {model!r}; valid: {', '.join(MODELS)}")
     for op, t in zip(graph.ops, times, strict=True):
@@ -314,8 +325,8 @@ def _flops(trace: Trace, node: AtenNode) -> int:
 # --- measurement -------------------------------------------------------------------------
 
 
-def _time_op(trace: Trace, op: Op, repeats: int) -> float:
-    """Median CPU seconds of running the op's nodes on fresh inputs: warm-up once, then repeat.
+def _time_op(trace: Trace, op: Op, repeats: int, device: torch.device) -> float:
+    """Median seconds of running the op's nodes on fresh inputs: warm-up once, then repeat.
 
     A warm-up that already takes `_TIME_BUDGET` is the measurement; the repeats stop once
     their total, warm-up included, does.
@@ -323,14 +334,20 @@ def _time_op(trace: Trace, op: Op, repeats: int) -> float:
     nodes = [trace.nodes[n] for n in op.nodes]
     inside = set(op.nodes)
     outside = sorted({r for node in nodes for r in node.reads if r not in inside})
-    inputs = {r: _make(trace.nodes[r], _random) for r in outside}
+    inputs = {r: _make(trace.nodes[r], functools.partial(_random, device=device)) for r in outside}
+    clock = time.thread_time
+    if device.type == "cuda":
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
 
     def run() -> float:
         env = dict(inputs)
-        start = time.thread_time()
+        start = clock()
         for node in nodes:
             env[node.index] = run_node(node, env)
-        return time.thread_time() - start
+        return clock() - start
 
     warm = run()
     if warm >= _TIME_BUDGET:
@@ -353,16 +370,16 @@ def _make(node: AtenNode, factory: Callable[[Any, tuple[int, ...]], torch.Tensor
     return tensors[0] if len(returns) == 1 else tuple(tensors)
 
 
-def _random(spec: Any, stride: tuple[int, ...]) -> torch.Tensor:
+def _random(spec: Any, stride: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
     """Floats random normal, integers zeros (valid indices), bools random; any strides.
 
     Random values repeat with a period of `_POOL`: drawing them is slower than most ops on
     1 thread, and an op's time does not depend on them.
     """
     size = 1 + sum((n - 1) * st for n, st in zip(spec.shape, stride)) if all(spec.shape) else 0
-    base = torch.zeros(size, dtype=_dtype(spec.dtype))
+    base = torch.zeros(size, dtype=_dtype(spec.dtype), device=device)
     if size and (base.is_floating_point() or base.is_complex() or base.dtype == torch.bool):
-        pool = torch.randn(min(size, _POOL))
+        pool = torch.randn(min(size, _POOL), device=device)
         pool = pool > 0 if base.dtype == torch.bool else pool
         copies, rest = divmod(size, pool.numel())
         base[: size - rest].view(copies, -1).copy_(pool.expand(copies, -1))

@@ -127,7 +127,8 @@ def analyze(
     others, memory the plan does not count.
     Non-tensor arguments (flags, None) are bound as given.
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
-    "measured" (each distinct op timed on real tensors here, 1 thread, median).
+    "measured" (each distinct op timed on real tensors on the model's device, 1 thread,
+    median).
     """
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
@@ -142,10 +143,14 @@ def analyze(
     graph = build_graph(trace)
     report("costs", 0.3)
     if costs == "measured":
+        on = _device_name(model)
         cost_models.assign_times(
-            graph, "measured", progress=lambda d, n: report("timing ops", 0.3 + 0.6 * d / max(n, 1))
+            graph,
+            "measured",
+            device=on,
+            progress=lambda d, n: report("timing ops", 0.3 + 0.6 * d / max(n, 1)),
         )
-        cost_name = "measured:" + _device_name(model)
+        cost_name = "measured:" + on
     elif costs == "estimated":
         cost_models.assign_times(graph, "estimated", device=device)
         cost_name = "estimated:" + device

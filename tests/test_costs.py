@@ -56,6 +56,10 @@ def test_assign_times_fills_every_op(gpt_tiny):
     assert all(op.time > 0 for op in gpt_tiny.ops)
     with pytest.raises(ValueError, match="unknown cost model"):
         costs.assign_times(gpt_tiny, "guessed")
+    # measured costs run on the torch device asked (analyze passes the model's), not a preset
+    for preset in ("h100", COMPUTE):
+        with pytest.raises(ValueError, match="run on a torch device"):
+            costs.assign_times(gpt_tiny, "measured", device=preset, repeats=1)
 
 
 def test_measure_leaves_threads_and_random_state_alone(gpt_tiny):
