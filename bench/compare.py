@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from torch import nn
 import core
 import sample_models
 from bench.report import Row, environment, print_tables, write_results
+from core.costs import measure_link
 from core.errors import fmt_bytes
 from core.frontier import minimum_budget
 from core.memory import StorageTracker, host_copy, step_tensors
@@ -378,11 +379,27 @@ def profiler_peak(fn: Callable[[], object]) -> int:
     return peak
 
 
+def cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes the CUDA allocator held while `fn` ran, beyond what it held before."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _Runner:
     """Runs one step of a strategy from the same starting state every time."""
 
     def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0) -> None:
         self.model, self.inputs, self.seed = model, tuple(inputs), seed
+        self.device = next(model.parameters()).device
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def reset(self) -> None:
@@ -399,14 +416,18 @@ class _Runner:
         self.reset()
         if source == "profiler":
             return profiler_peak(lambda: step(self.inputs))
+        if source == "cuda":
+            return cuda_peak(lambda: step(self.inputs), self.device)
         with _CompileTracker(step_tensors(self.model, self.inputs)) as tracker:
             step(self.inputs)
         return tracker.peak
 
     def time(self, step: StepFn) -> float:
         self.reset()
+        _sync(self.device)
         start = time.perf_counter()
         step(self.inputs)
+        _sync(self.device)
         return time.perf_counter() - start
 
     def _params(self) -> list[nn.Parameter]:
@@ -471,10 +492,12 @@ def run_bench(
     only: Iterable[str] | None = None,
     console=None,
     show_progress: bool = True,
+    device: str = "cpu",
 ) -> list[Row]:
     """Measure every strategy on every model; one Row per strategy (eager first per model).
 
     only: keep just these strategy keys (prefix match: "ours:store_all" keeps its rows).
+    device: where the steps run; on CUDA every peak is `torch.cuda.max_memory_allocated`'s.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -497,12 +520,23 @@ def run_bench(
         for name in models:
             progress.update(task, description=f"{name}: building")
             rows += _bench_model(
-                name, reps, methods, budgets, compile_backends, keep, console, progress, task
+                name,
+                reps,
+                methods,
+                budgets,
+                compile_backends,
+                keep,
+                console,
+                progress,
+                task,
+                torch.device(device),
             )
     return rows
 
 
-def _bench_model(name, reps, methods, budgets, compile_backends, keep, console, progress, task):
+def _bench_model(
+    name, reps, methods, budgets, compile_backends, keep, console, progress, task, device
+):
     def log(msg: str) -> None:
         console.print(f"  {name}: {msg}")
 
@@ -511,6 +545,7 @@ def _bench_model(name, reps, methods, budgets, compile_backends, keep, console, 
 
     torch._dynamo.reset()  # the previous model's compiled entries share this forward's code
     model, inputs = sample_models.build(name)
+    model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
     runner = _Runner(model, inputs)
     progress.update(task, description=f"{name}: setup")
     strategies = [s for s in pytorch_strategies(model, compile_backends) if wanted(s.key)]
@@ -522,6 +557,8 @@ def _bench_model(name, reps, methods, budgets, compile_backends, keep, console, 
         )
         strategies += [s for s in ours if wanted(s.key)]
 
+    if device.type == "cuda":  # one allocator sees every strategy's memory, inductor's too
+        strategies = [replace(s, peak_source="cuda") for s in strategies]
     n = len(strategies)
     progress.update(task, total=progress.tasks[task].total + 2 * n + reps * n)
     rows: dict[str, Row] = {}
@@ -615,6 +652,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     p.add_argument("--methods", help=f"our methods (default {','.join(OUR_METHODS)})")
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device the steps run on (default cpu); on cuda, peaks are "
+        "torch.cuda.max_memory_allocated's and the host link is measured and printed",
+    )
+    p.add_argument(
         "--budgets",
         help="our budgets, fractions of the store-all peak, the minimum feasible always added "
         f"(default {','.join(str(b) for b in OUR_BUDGETS)})",
@@ -655,11 +698,27 @@ def main(argv: list[str] | None = None) -> int:
             f"--budgets are fractions of the store-all peak in (0, 1]; got {args.budgets}"
         )
         return 2
+    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        console.print(f"--device {args.device}: no such device here (cpu, or cuda on a GPU)")
+        return 2
     out = Path(args.out or f"results/bench-{_dt.date.today():%Y-%m-%d}")
     console.print(f"remat bench: {', '.join(models)}; {reps} reps; {environment()}")
+    if args.device != "cpu":
+        link = measure_link(args.device)
+        console.print(
+            f"on {torch.cuda.get_device_name(args.device)}: peaks from "
+            f"torch.cuda.max_memory_allocated; host link measured {link.d2h / 1e9:.1f} GB/s "
+            f"to host, {link.h2d / 1e9:.1f} GB/s back (pinned, CUDA events)"
+        )
     start = time.perf_counter()
     rows = run_bench(
-        models, reps, methods=methods, budgets=budgets, compile_backends=backends, console=console
+        models,
+        reps,
+        methods=methods,
+        budgets=budgets,
+        compile_backends=backends,
+        console=console,
+        device=args.device,
     )
     print_tables(rows, console)
     paths = write_results(rows, out, reps, log=lambda text: console.print(text, markup=False))

@@ -36,7 +36,8 @@ class Row:
     eager_time: float = math.nan
     grad_error: float = math.nan  # max abs difference from eager's gradients
     grads_match: bool = True  # torch.testing.assert_close passed
-    peak_source: str = "tracker"  # "tracker" (StorageTracker) or "profiler" (allocator events)
+    peak_source: str = "tracker"  # "tracker" (StorageTracker), "profiler" (allocator events) or
+    # "cuda" (torch.cuda.max_memory_allocated)
     predicted_peak: float = math.nan  # ours: the plan's simulated peak
     predicted_overhead: float = math.nan  # ours: predicted time / store-all time
     times: list[float] = field(default_factory=list, repr=False)

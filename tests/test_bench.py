@@ -147,6 +147,13 @@ def test_main_rejects_unknown_models(capsys):
     assert compare.main(["--models", "nope", "--out", "/nonexistent"]) == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+@pytest.mark.parametrize("device", ["cuda", "mps", "gpu"])
+def test_main_refuses_a_device_this_machine_lacks(device, capsys):
+    assert compare.main(["--models", "gpt-tiny", "--device", device, "--out", "/nonexistent"]) == 2
+    assert f"--device {device}: no such device here" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("budgets", ["half", "0.5,1.5", "0"])
 def test_main_rejects_bad_budgets(budgets, capsys):
     assert (
