@@ -565,7 +565,7 @@ def tradeoff_figure(
         "layout": {
             "height": 380,
             "margin": {"l": 60, "r": 10, "t": 10, "b": 120},
-            "xaxis": {"title": {"text": "budget (% of store-all peak)"}},
+            "xaxis": {"title": {"text": "budget (% of store-all peak)"}, "rangemode": "tozero"},
             "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "x": 0},
             "shapes": [budget_shape(budget_pct)] + ([floor_shape(floor[0])] if floor else []),
@@ -602,14 +602,13 @@ def floor_shape(floor_pct: float) -> dict:
 def floor_note(floor_pct: float, op: str) -> dict:
     """The band's label: where the floor is and which op sets it."""
     return {
-        "x": floor_pct,
-        "y": 1,
+        "x": floor_pct / 2,
+        "y": 0.5,
         "xref": "x",
         "yref": "paper",
-        "xanchor": "right",
-        "yanchor": "top",
+        "textangle": -90,
         "showarrow": False,
-        "text": f"no plan below {floor_pct:.1f}%<br>({op})",
+        "text": f"no plan below {floor_pct:.1f}%<br>{op}",
         "font": {"size": 11, "color": "#595959"},
     }
 

@@ -144,6 +144,18 @@ def test_clicking_the_tradeoff_curve_sets_the_budget(ready):
     assert slider_value(page) == expected
 
 
+def test_the_tradeoff_chart_shades_the_budgets_no_plan_meets(ready):
+    """gpt-tiny's floor: the loss's softmax backward holds three 256 KiB tensors at once,
+    19.0% of its store-all peak; the band ends there and its label names the op."""
+    page = ready
+    layout = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').layout")
+    band = layout["shapes"][1]
+    assert band["type"] == "rect" and band["x0"] == 0 and round(band["x1"], 1) == 19.0
+    label = page.locator(f"#{ids.TRADEOFF} .annotation-text").first.text_content()
+    assert "no plan below 19.0%" in label and "_log_softmax_backward_data" in label
+    card(page, ids.TRADEOFF).screenshot(path=str(SHOTS / "tradeoff-floor.png"))
+
+
 def test_export_downloads_a_plan_that_loads(ready, tmp_path):
     page = ready
     press(page, "ArrowLeft")
