@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 import core
 from core.memory import copy_bytes, storage_bytes
 from core.schedule import store_all_plan
-from core.transfers import HostLane
+from core.simulator import OFFLOAD
+from core.transfers import HostLane, HostStep, HostWork
 
 
 class DeferredLane(HostLane):
@@ -155,3 +156,15 @@ def test_steps_alive_at_once_take_their_own_pools_and_later_steps_reuse_them(gpt
     assert lane.pools == 2
     measured_step(model, inputs, seed=3, run=run)
     assert lane.pools == 2
+
+
+def test_a_retained_graph_backs_up_its_host_copies_after_the_copies_ran():
+    """retain_graph=True copies the step's host memory for the next backward: a copy out
+    still in flight must land in that backup too."""
+    x = torch.arange(8, dtype=torch.float32)
+    step = HostStep(DeferredLane(), 32)
+    env = {7: x}
+    step.work(HostWork(transfer=OFFLOAD, value=1, nodes=(7,), slot=0), env)
+    assert 7 not in env  # it left with its copy; the copy has not run yet
+    backup = step.copy()
+    assert torch.equal(backup.pool.view(torch.float32), x)
