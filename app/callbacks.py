@@ -521,9 +521,9 @@ def _memory(app: Dash, studio: Studio) -> None:
         if plan is None:
             raise PreventUpdate
         try:
-            model, inputs = studio.builders[plan_ref["key"].split("|")[0]]()
+            call = studio.builders[plan_ref["key"].split("|")[0]]()
             with studio_lock():
-                got = measure_plan(model, inputs, plan)
+                got = measure_plan(call, plan)
         except Exception as err:  # shown next to the button; the app stays up
             traceback.print_exc()
             return {"plan": plan_ref, "error": plain_error(err)}

@@ -107,7 +107,7 @@ def _analyze(args: argparse.Namespace):
     import core
     from core.model_spec import load_model
 
-    model, inputs = load_model(args.model)
+    call = load_model(args.model)
     with Progress(transient=True) as bar:
         task = bar.add_task("analysing", total=1.0)
 
@@ -116,9 +116,17 @@ def _analyze(args: argparse.Namespace):
 
         start = time.perf_counter()
         problem = core.analyze(
-            model, inputs, costs=args.costs, device=args.device, name=args.model, progress=report
+            call.model,
+            call.args,
+            call.kwargs,
+            call.loss_fn,
+            call.targets,
+            costs=args.costs,
+            device=args.device,
+            name=args.model,
+            progress=report,
         )
-    return model, problem, time.perf_counter() - start
+    return call.model, problem, time.perf_counter() - start
 
 
 def _inspect(args: argparse.Namespace, rest: list[str]) -> int:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 import core
 from core.memory import StorageTracker, step_tensors
+from core.model_spec import ModelCall
 
 LOOKAHEAD = 16  # ATen calls searched for a program op's node before it counts as skipped
 
@@ -42,12 +41,13 @@ class _Recorder(StorageTracker):
         return out
 
 
-def measure_plan(model: torch.nn.Module, inputs: tuple, plan) -> Measured:
-    """One training step of `core.apply_plan(model, plan)` on `inputs`, measured."""
-    wrapped = core.apply_plan(model, plan)
-    model.zero_grad(set_to_none=True)
-    with _Recorder(step_tensors(model, inputs)) as rec:
-        out = wrapped(*inputs)
+def measure_plan(call: ModelCall, plan) -> Measured:
+    """One training step of `core.apply_plan(call.model, plan)`, called as `call` says,
+    measured."""
+    wrapped = core.apply_plan(call.model, plan, call.loss_fn)
+    call.model.zero_grad(set_to_none=True)
+    with _Recorder(step_tensors(call.model, call.tensors())) as rec:
+        out = call.run(wrapped)
         loss = out if out.dim() == 0 else out.sum()
         loss.backward()
     del out, loss

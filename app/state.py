@@ -19,6 +19,7 @@ from app.figures import FATE_TEXT
 from core.costs import DEVICES as DEVICE_SPECS
 from core.errors import fmt_bytes
 from core.frontier import minimum_budget
+from core.model_spec import ModelCall, as_call, resolve_builder
 from core.simulator import OFFLOAD, PREFETCH, RUN
 from core.solvers import available_methods
 
@@ -78,10 +79,11 @@ class Studio:
                 f"choose one of {', '.join(known)}"
             )
         self.offload_method = offload_method
-        self.builders: dict[str, Callable] = {
-            name: partial(sample_models.build, name) for name in sample_models.names()
+        self.builders: dict[str, Callable[[], ModelCall]] = {
+            name: resolve_builder(name) for name in sample_models.names()
         }
-        self.builders.update(extra_models or {})
+        for name, build in (extra_models or {}).items():  # (model, inputs) or a ModelCall
+            self.builders[name] = partial(_called, build, name)
         self.problems = LRU(PROBLEMS)
         self.plans = LRU(PLANS)
         self.derived = LRU(DERIVED)
@@ -107,7 +109,7 @@ class Studio:
                 raise KeyError(f"unknown model {model_name!r}")
             report = progress or (lambda stage, frac: None)
             report("building the model", 0.0)
-            model, inputs = self.builders[model_name]()
+            call = self.builders[model_name]()
             report("waiting for another analysis to finish", 0.1)
 
             def tick(stage: str, frac: float) -> None:  # the analysis is 10-100%
@@ -117,8 +119,11 @@ class Studio:
             with _ANALYZE:
                 check_cancelled()
                 return core.analyze(
-                    model,
-                    inputs,
+                    call.model,
+                    call.args,
+                    call.kwargs,
+                    call.loss_fn,
+                    call.targets,
                     costs=costs,
                     device="cpu" if device == "here" else device,
                     name=model_name,
@@ -525,3 +530,7 @@ def slider_minimum(minimum: int, peak: int, step: float = 0.5) -> float:
     """The slider's lowest % position at or above `minimum` bytes."""
     pct = math.ceil(percent(minimum, peak) / step - 1e-9) * step
     return min(pct, 100.0)
+
+
+def _called(build: Callable, name: str) -> ModelCall:
+    return as_call(build(), name)

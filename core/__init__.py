@@ -2,6 +2,7 @@
 
 from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
 from core.frontier import tradeoff
+from core.model_spec import ModelCall
 from core.problem import Problem, analyze
 from core.runtime import apply_plan
 from core.schedule import Plan, load_plan
@@ -9,6 +10,7 @@ from core.solvers import parse_budget, solve
 
 __all__ = [
     "InfeasibleBudget",
+    "ModelCall",
     "PlanFileError",
     "PlanMismatch",
     "Plan",

@@ -1,16 +1,52 @@
-"""Resolve a MODEL argument: a sample model's short name or `package.module:callable`."""
+"""Resolve a MODEL argument: a sample model's short name, a Hugging Face zoo name ("hf-gpt2",
+with transformers installed) or `package.module:callable`.
+
+A builder returns `(model, example_inputs)` (positional inputs; the model returns its loss),
+or a `ModelCall`: keyword inputs, and a loss computed outside the model, as Hugging Face
+models are trained.
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from core.errors import RematError
 
-Builder = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+
+@dataclass
+class ModelCall:
+    """A model and how one training step calls it: `loss_fn(model(*args, **kwargs), *targets)`,
+    or the model's own output when `loss_fn` is None (what `core.analyze` takes)."""
+
+    model: nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss_fn: Callable[..., torch.Tensor] | None = None
+    targets: tuple = ()
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every input tensor of the call, targets included (what a step's peak leaves out)."""
+        leaves = tree_leaves((self.args, self.kwargs, self.targets))
+        return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+    def run(self, planned: nn.Module) -> torch.Tensor:
+        """One forward of `planned` (the model, or `core.apply_plan`'s wrapper of it) as the
+        call says, to the loss."""
+        if self.loss_fn is None:
+            return planned(*self.args, **self.kwargs)
+        if planned is self.model:
+            return self.loss_fn(planned(*self.args, **self.kwargs), *self.targets)
+        return planned(*self.args, **self.kwargs, targets=self.targets)
+
+
+Builder = Callable[[], ModelCall]
 
 
 class ModelSpecError(RematError, ValueError):
@@ -21,16 +57,19 @@ def resolve_builder(spec: str) -> Builder:
     """A zero-argument builder for a sample name ("gpt-tiny") or "package.module:callable".
 
     The module is imported now (so a wrong spec fails at once); the model is built when the
-    builder is called, and its result checked to be (model, example_inputs).
+    builder is called, and its result checked to be (model, example_inputs) or a ModelCall.
     """
     import sample_models
 
     if ":" not in spec:
         if spec in sample_models.REGISTRY:
-            return sample_models.REGISTRY[spec]
+            return lambda: ModelCall(*sample_models.build(spec))
+        if spec.startswith("hf-"):
+            return _zoo_builder(spec)
         raise ModelSpecError(
-            f"unknown model {spec!r}: use a sample name ({', '.join(sample_models.names())}) "
-            "or package.module:callable returning (model, example_inputs)"
+            f"unknown model {spec!r}: use a sample name ({', '.join(sample_models.names())}), "
+            "a Hugging Face zoo name (hf-gpt2, ...) or package.module:callable returning "
+            "(model, example_inputs) or a core.ModelCall"
         )
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -43,7 +82,7 @@ def resolve_builder(spec: str) -> Builder:
     if not callable(fn):
         raise ModelSpecError(f"{module_name} has no callable {attr!r} (from model {spec!r})")
 
-    def build() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    def build() -> ModelCall:
         try:
             result = fn()
         except Exception as e:  # noqa: BLE001 - any error of the user's builder, named
@@ -55,18 +94,51 @@ def resolve_builder(spec: str) -> Builder:
                 f"the model builder {spec} called sys.exit({e.code!r}) instead of returning "
                 "(model, example_inputs)"
             ) from e
-        if (
-            not isinstance(result, tuple)
-            or len(result) != 2
-            or not isinstance(result[0], nn.Module)
-            or not isinstance(result[1], Sequence)
-        ):
-            raise ModelSpecError(f"{spec} must return (model, example_inputs), got {type(result)}")
-        return result[0], tuple(result[1])
+        return as_call(result, spec)
 
     return build
 
 
-def load_model(spec: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """(model, example_inputs) for a MODEL argument."""
+def as_call(result: Any, spec: str) -> ModelCall:
+    """A builder's result as a ModelCall: `(model, example_inputs)`, a ModelCall, or an object
+    with a ModelCall's fields (the zoo's cases)."""
+    if isinstance(result, ModelCall):
+        return result
+    if all(hasattr(result, f) for f in ("model", "args", "kwargs", "loss_fn", "targets")):
+        result = ModelCall(
+            result.model,
+            tuple(result.args),
+            dict(result.kwargs),
+            result.loss_fn,
+            tuple(result.targets),
+        )
+    elif (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], nn.Module)
+        and isinstance(result[1], Sequence)
+    ):
+        result = ModelCall(result[0], tuple(result[1]))
+    if not isinstance(result, ModelCall) or not isinstance(result.model, nn.Module):
+        raise ModelSpecError(
+            f"{spec} must return (model, example_inputs) or a core.ModelCall, got {type(result)}"
+        )
+    return result
+
+
+def _zoo_builder(spec: str) -> Builder:
+    try:
+        from sample_models.hf_zoo import ZOO
+    except ImportError as e:
+        raise ModelSpecError(
+            f"model {spec!r} is in the Hugging Face zoo, which needs transformers: "
+            f"pip install '.[bench]' ({e})"
+        ) from None
+    if spec not in ZOO:
+        raise ModelSpecError(f"unknown zoo model {spec!r}: choose one of {', '.join(ZOO)}")
+    return lambda: as_call(ZOO[spec](), spec)
+
+
+def load_model(spec: str) -> ModelCall:
+    """The model and its call for a MODEL argument."""
     return resolve_builder(spec)()

@@ -170,8 +170,26 @@ def test_a_bad_model_spec_is_refused_in_plain_words():
         resolve_builder("no-such-sample")
     with pytest.raises(ModelSpecError, match="has no callable"):
         resolve_builder("sample_models:nothing_here")
-    model, inputs = resolve_builder("gpt-tiny")()
-    assert isinstance(model, torch.nn.Module) and inputs
+    with pytest.raises(ModelSpecError, match="unknown zoo model 'hf-nope': choose one of hf-gpt2"):
+        resolve_builder("hf-nope")
+    call = resolve_builder("gpt-tiny")()
+    assert isinstance(call.model, torch.nn.Module) and call.args and call.loss_fn is None
+
+
+def test_zoo_models_and_builders_of_model_calls_open_with_keywords_and_an_outside_loss():
+    """A builder may return a core.ModelCall (keyword inputs, a loss outside the model), and
+    the zoo's names resolve: the app measures a plan of it as it predicts."""
+    from app.measure import measure_plan
+    from core.model_spec import resolve_builder
+
+    call = resolve_builder("hf-bert")()
+    assert call.kwargs and call.loss_fn is not None and call.targets
+    studio = Studio({"bert": lambda: call})
+    key = studio.key("bert", "estimated", "cpu")
+    problem = studio.problem(key)
+    plan = studio.plan(key, "checkpoint_blocks", problem.store_all_peak)
+    got = measure_plan(studio.builders["bert"](), plan)
+    assert got.peak == plan.predicted_peak + 4
 
 
 def test_tensor_figure_stacks_bands_in_allocation_order_and_sums_the_rest():
@@ -222,8 +240,9 @@ def test_measure_here_runs_the_real_step_and_reads_it_back_per_program_step():
     key = studio.key("gpt-1layer", "estimated", "cpu")
     problem = studio.problem(key)
     plan = studio.plan(key, "rockmate", int(0.6 * problem.store_all_peak))
-    model, inputs = studio.builders["gpt-1layer"]()
-    got = measure_plan(model, inputs, plan)
+    call = studio.builders["gpt-1layer"]()
+    model = call.model
+    got = measure_plan(call, plan)
     assert got.peak == plan.predicted_peak + 4  # the scalar seed of loss.backward()
     assert len(got.live) == len(plan.program) and max(got.live) <= got.peak
     assert got.matched >= 0.8 * got.nodes  # program nodes found among the real ATen calls

@@ -185,7 +185,6 @@ def test_measure_here_runs_the_switchs_plan_at_its_predicted_peak(studio):
     problem = studio.problem(key)
     plan = studio.plan(key, studio.offload_method, int(0.5 * problem.store_all_peak))
     assert plan.simulate().transfers
-    model, inputs = studio.builders["gpt-tiny"]()
-    got = measure_plan(model, inputs, plan)
+    got = measure_plan(studio.builders["gpt-tiny"](), plan)
     assert got.peak == plan.predicted_peak + SEED_BYTES
     assert len(got.live) == len(plan.program)

@@ -142,6 +142,35 @@ def test_cli_builder_that_raises_or_exits_is_named(tmp_path):
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
+def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
+    """A builder returning a core.ModelCall, and a zoo name: the plan file carries the call,
+    and applying it with the same loss_fn trains as the call says."""
+    (tmp_path / "mycalls.py").write_text(
+        "import torch, core\n"
+        "def loss(out, y):\n    return torch.nn.functional.mse_loss(out, y)\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))\n"
+        "    return core.ModelCall(net, kwargs={'input': torch.randn(4, 8)}, loss_fn=loss,\n"
+        "                          targets=(torch.randn(4, 8),))\n"
+    )
+    out = tmp_path / "plan.pkl"
+    result = _remat("plan", "mycalls:build", "--budget", "100%", "-o", str(out), path=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-800:]
+    assert core.load_plan(out).graph_meta["call"]["loss"]
+    zoo = _remat(
+        "plan",
+        "hf-bert",
+        "--budget",
+        "1.0",
+        "--method",
+        "checkpoint_blocks",
+        "-o",
+        str(tmp_path / "bert.pkl"),
+    )
+    assert zoo.returncode == 0 and "plan for hf-bert" in zoo.stdout, zoo.stderr[-800:]
+
+
 def test_cli_app_bad_port_model_and_port_in_use():
     assert "99999" in _one_error_line(_remat("app", "--port", "99999"))
     assert "nosuch" in _one_error_line(_remat("app", "--model", "nosuch:x", "--port", "0"))
