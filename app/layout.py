@@ -23,7 +23,9 @@ COST_WORDS = {
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")
 model = core.apply_plan(model, plan)
-# then train as usual: loss = loss_fn(model(*inputs)); loss.backward(); optimizer.step()"""
+# then train as usual: loss = loss_fn(model(*inputs)); loss.backward(); optimizer.step()
+# a model with its loss outside (a core.ModelCall): apply_plan(model, plan, loss_fn=loss_fn)
+# returns the loss itself: loss = model(**inputs, targets=labels)"""
 
 
 def build_layout(
