@@ -104,7 +104,6 @@ def _parser() -> argparse.ArgumentParser:
 def _analyze(args: argparse.Namespace):
     from rich.progress import Progress
 
-    import core
     from core.model_spec import load_model
 
     call = load_model(args.model)
@@ -115,16 +114,8 @@ def _analyze(args: argparse.Namespace):
             bar.update(task, completed=frac, description=stage)
 
         start = time.perf_counter()
-        problem = core.analyze(
-            call.model,
-            call.args,
-            call.kwargs,
-            call.loss_fn,
-            call.targets,
-            costs=args.costs,
-            device=args.device,
-            name=args.model,
-            progress=report,
+        problem = call.analyze(
+            costs=args.costs, device=args.device, name=args.model, progress=report
         )
     return call.model, problem, time.perf_counter() - start
 

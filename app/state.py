@@ -118,12 +118,7 @@ class Studio:
 
             with _ANALYZE:
                 check_cancelled()
-                return core.analyze(
-                    call.model,
-                    call.args,
-                    call.kwargs,
-                    call.loss_fn,
-                    call.targets,
+                return call.analyze(
                     costs=costs,
                     device="cpu" if device == "here" else device,
                     name=model_name,

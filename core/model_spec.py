@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from core.errors import RematError
+from core.problem import Problem, analyze
 
 
 @dataclass
@@ -30,6 +31,10 @@ class ModelCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     loss_fn: Callable[..., torch.Tensor] | None = None
     targets: tuple = ()
+
+    def analyze(self, **options: Any) -> Problem:
+        """`core.analyze` of this call (`options`: costs, device, name, progress)."""
+        return analyze(self.model, self.args, self.kwargs, self.loss_fn, self.targets, **options)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every input tensor of the call, targets included (what a step's peak leaves out)."""

@@ -9,10 +9,12 @@ import threading
 import torch
 from torch import nn
 
+import core
 from core.memory import StorageTracker, step_tensors
-from core.schedule import Plan
+from core.schedule import Plan, store_all_plan
 from core.simulator import DagOp
 from core.solvers.offload import MIN_BYTES, with_transfer
+from core.validate import check_program
 from sample_models import build
 
 # bytes a measured step holds beyond the plan's prediction: the float32 scalar seed that
@@ -91,3 +93,27 @@ def forced(problem, plan: Plan, count: int) -> Plan:
             (program, start), done = trial, done + 1
     assert done == count, f"only {done} activations to offload"
     return Plan(program, start, "forced", 0, problem.fingerprint, problem=problem)
+
+
+def check_runs_as_predicted(name: str, base: str, count: int, lane=None) -> None:
+    """`count` activations of `name`'s `base` plan forced to the host: the step gives eager's
+    loss and gradients, device peak = predicted + 4 B and host bytes = predicted; under
+    `lane` (a core.transfers.HostLane) when given."""
+    model, inputs = fresh(name)
+    problem = core.analyze(model, inputs)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
+    start = store_all_plan(problem) if base == "store_all" else core.solve(problem, 1.0, base)
+    plan = forced(problem, start, count)
+    sim = check_program(plan, problem)
+    assert sim.host_peak > 0 and len(sim.transfers) == 2 * count
+    model.load_state_dict(state)
+    run = core.apply_plan(model, plan)
+    if lane is not None:
+        run._lanes[torch.device("cpu")] = lane
+    peak, loss, grads = measured_step(model, inputs, seed=3, run=run)
+    assert loss == eager_loss
+    assert_same_grads(grads, eager_grads)
+    assert peak == plan.predicted_peak + SEED_BYTES
+    assert run.host_peak == plan.predicted_host_bytes == sim.host_peak
+    assert run._program.host_pool == sim.host_pool == sim.host_peak  # forward in, backward out

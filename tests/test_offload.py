@@ -11,6 +11,7 @@ from helpers import (
     TOY_OPS,
     TOY_SIZES,
     assert_same_grads,
+    check_runs_as_predicted,
     forced,
     fresh,
     measured_step,
@@ -147,25 +148,6 @@ def test_the_link_is_measured_where_costs_are_measured(capsys):
 
 
 # --------------------------------------------------------------------------- traced steps
-
-
-def check_runs_as_predicted(name: str, base: str, count: int) -> None:
-    model, inputs = fresh(name)
-    problem = core.analyze(model, inputs)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
-    start = store_all_plan(problem) if base == "store_all" else core.solve(problem, 1.0, base)
-    plan = forced(problem, start, count)
-    sim = check_program(plan, problem)
-    assert sim.host_peak > 0 and len(sim.transfers) == 2 * count
-    model.load_state_dict(state)
-    run = core.apply_plan(model, plan)
-    peak, loss, grads = measured_step(model, inputs, seed=3, run=run)
-    assert loss == eager_loss
-    assert_same_grads(grads, eager_grads)
-    assert peak == plan.predicted_peak + SEED_BYTES
-    assert run.host_peak == plan.predicted_host_bytes == sim.host_peak
-    assert run._program.host_pool == sim.host_pool == sim.host_peak  # forward in, backward out
 
 
 @pytest.mark.parametrize("name", SMALL)

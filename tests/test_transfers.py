@@ -14,7 +14,14 @@ import weakref
 
 import pytest
 import torch
-from helpers import SEED_BYTES, assert_same_grads, forced, fresh, measured_step
+from helpers import (
+    SEED_BYTES,
+    assert_same_grads,
+    check_runs_as_predicted,
+    forced,
+    fresh,
+    measured_step,
+)
 from torch.utils._python_dispatch import _disable_current_modes
 
 import core
@@ -81,21 +88,9 @@ def deferred(run: core.PlannedModule, lane: DeferredLane) -> core.PlannedModule:
     ],
 )
 def test_plans_run_exactly_when_copies_run_as_late_as_a_stream_allows(name, base, count):
-    model, inputs = fresh(name)
-    problem = core.analyze(model, inputs)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
-    start = store_all_plan(problem) if base == "store_all" else core.solve(problem, 1.0, base)
-    plan = forced(problem, start, count)
-    model.load_state_dict(state)
     lane = DeferredLane()
-    run = deferred(core.apply_plan(model, plan), lane)
-    peak, loss, grads = measured_step(model, inputs, seed=3, run=run)
+    check_runs_as_predicted(name, base, count, lane)
     assert lane.ran == len(lane.queue) == 2 * count
-    assert loss == eager_loss
-    assert_same_grads(grads, eager_grads)
-    assert peak == plan.predicted_peak + SEED_BYTES
-    assert run.host_peak == plan.predicted_host_bytes
 
 
 @pytest.fixture(scope="module")
