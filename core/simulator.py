@@ -781,3 +781,124 @@ def store_all_program(graph: Graph) -> tuple[list[Instruction], int]:
         len(graph.forward_ops),
         graph.final_values,
     )
+
+
+class TransferProbe:
+    """The peak and time `walk_step` finds for a program (runs, frees and transfers, each value
+    offloaded at most once and prefetched at most once after) with one more value's transfer
+    pair inserted, computed with numpy without building or walking the new program: what the
+    greedy offload pass reads for each of its candidates (thousands per solve). It checks
+    nothing, so walk the program a search picks.
+
+    Memory is the program's with every transfer a no-op (each value live from its run to its
+    free), less each offloaded value's bytes from the run its copy is released before, plus
+    them again from its prefetch. Time follows the two lanes: runs add up in order (as `walk`
+    adds them) except where a run waits for a prefetched input; the transfer lane is replayed
+    copy by copy."""
+
+    def __init__(
+        self, graph: Graph, program: Sequence[Instruction], backward_start: int, link: Link
+    ) -> None:
+        sizes, _, arriving = _step_values(graph)
+        ops = graph.ops
+        n = len(program)
+        self._link, self._sizes, self._start, self._n = link, sizes, backward_start, n
+        self._arriving = sum(sizes.get(v, 0) for v in arriving)
+        delta = np.zeros(n, dtype=np.int64)
+        times = np.zeros(n, dtype=np.float64)
+        is_run = np.zeros(n, dtype=bool)
+        # (step, kind, value, the run that first reads it after its prefetch, -1: none)
+        self._transfers: list[tuple[int, str, int, int]] = []
+        waiting: dict[int, int] = {}  # prefetched value -> index of its transfer, until read
+        sent: set[int] = set()
+        for i, (kind, target) in enumerate(program):
+            if kind == RUN:
+                op = ops[target]
+                delta[i] = sum(sizes.get(v, 0) for v in op.outputs)
+                times[i], is_run[i] = op.time, True
+                for v in op.inputs:
+                    k = waiting.pop(v, None)
+                    if k is not None:
+                        self._transfers[k] = (*self._transfers[k][:3], i)
+            elif kind == FREE:
+                delta[i] = -sizes.get(target, 0)
+                waiting.pop(target, None)
+            else:
+                if kind == OFFLOAD:
+                    if target in sent:
+                        raise ValueError(f"value {target} is offloaded twice: walk the program")
+                    sent.add(target)
+                    waiting.pop(target, None)
+                else:
+                    waiting[target] = len(self._transfers)
+                self._transfers.append((i, kind, target, -1))
+        if backward_start < n:
+            delta[backward_start] += self._arriving
+        self._delta, self._times, self._is_run = delta, times, is_run
+
+    def figures(self, v: int, last: int, at: int, reader: int) -> tuple[int, float]:
+        """(peak bytes, seconds) of the program with `offload v` after step `last` and
+        `prefetch v` before step `at` (`last` < `at` <= `reader`, the first run that reads v
+        after `at`): `with_transfer`'s program in `core.solvers.offload`."""
+
+        def moved(s: int) -> int:  # a step of the program -> the same step with the pair in
+            return s + (s > last) + (s >= at)
+
+        where = [last + 1, at]
+        delta = np.insert(self._delta, where, 0)
+        times = np.insert(self._times, where, 0.0)
+        runs = np.flatnonzero(np.insert(self._is_run, where, False))
+        transfers = [
+            (moved(s), kind, u, moved(r) if r >= 0 else -1) for s, kind, u, r in self._transfers
+        ]
+        transfers += [(last + 1, OFFLOAD, v, -1), (at + 1, PREFETCH, v, reader + 2)]
+        transfers.sort()
+        # the two lanes in program order: each copy starts when the lane is free and the runs
+        # issued before it are done; a run reading a prefetched value waits for its copy
+        clock = np.cumsum(times)  # end of the last run, after each step
+        starts = np.concatenate(([0.0], clock[:-1]))  # each run's start (before any wait)
+        events = sorted(
+            [(s, k) for k, (s, *_) in enumerate(transfers)]
+            + [(r, -1) for r in {r for _, kind, _, r in transfers if kind == PREFETCH and r >= 0}]
+        )
+        ready: dict[int, float] = {}  # run step -> when the prefetches it waits for are done
+        ends: list[float] = []
+        lane = 0.0
+        for step, k in events:
+            if k < 0:
+                _wait(step, ready.pop(step), clock, starts, times)
+                continue
+            _, kind, u, read = transfers[k]
+            nbytes = self._sizes.get(u, 0)
+            begin = max(lane, float(clock[step - 1]) if step > 0 else 0.0)
+            lane = begin + nbytes / (self._link.d2h if kind == OFFLOAD else self._link.h2d)
+            ends.append(lane)
+            if kind == PREFETCH:
+                delta[step] += nbytes
+                if read >= 0:
+                    ready[read] = max(ready.get(read, 0.0), lane)
+        first = starts[runs]  # nondecreasing: a run starts when the one before it ends, or later
+        for (step, kind, u, _), end in zip(transfers, ends):
+            if kind == OFFLOAD:
+                k = max(int(np.searchsorted(runs, step, "right")), int(np.searchsorted(first, end)))
+                if k < len(runs):  # released before that run
+                    delta[runs[k]] -= self._sizes.get(u, 0)
+        live = np.cumsum(delta)
+        n, start = len(delta), self._start + 1 + (at <= self._start)
+        before = int(live[min(start, n) - 1]) if min(start, n) > 0 else 0
+        b_start = before + self._arriving
+        peak = max(int(live.max()) if n else 0, b_start, 0)
+        time = float(clock[-1]) if n else 0.0
+        return peak, max(time, lane)
+
+
+def _wait(
+    step: int, ready: float, clock: np.ndarray, starts: np.ndarray, times: np.ndarray
+) -> None:
+    """Run `step` waits until `ready` (its prefetched inputs are in) when that is later than the
+    run before it ends: every later end moves, summed on from there as `walk` adds them."""
+    if ready <= starts[step]:
+        return
+    clock[step:] = np.cumsum(np.concatenate(([ready], times[step:])))[1:]
+    starts[step] = ready
+    starts[step + 1 :] = clock[step:-1]
