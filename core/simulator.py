@@ -24,6 +24,7 @@ prefetched value's host copy likewise once its copy back is done.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
@@ -802,14 +803,11 @@ class TransferProbe:
         sizes, _, arriving = _step_values(graph)
         ops = graph.ops
         n = len(program)
-        self._link, self._sizes, self._start, self._n = link, sizes, backward_start, n
-        self._arriving = sum(sizes.get(v, 0) for v in arriving)
-        delta = np.zeros(n, dtype=np.int64)
-        times = np.zeros(n, dtype=np.float64)
+        delta = np.zeros(n, dtype=np.int64)  # bytes each step adds, every transfer a no-op
+        times = np.zeros(n, dtype=np.float64)  # each run's seconds, 0 for the other steps
         is_run = np.zeros(n, dtype=bool)
-        # (step, kind, value, the run that first reads it after its prefetch, -1: none)
-        self._transfers: list[tuple[int, str, int, int]] = []
-        waiting: dict[int, int] = {}  # prefetched value -> index of its transfer, until read
+        rows: list[tuple[int, bool, int, float, int]] = []  # see `_Transfers`
+        waiting: dict[int, int] = {}  # prefetched value -> its row, until a run reads it
         sent: set[int] = set()
         for i, (kind, target) in enumerate(program):
             if kind == RUN:
@@ -819,86 +817,148 @@ class TransferProbe:
                 for v in op.inputs:
                     k = waiting.pop(v, None)
                     if k is not None:
-                        self._transfers[k] = (*self._transfers[k][:3], i)
+                        rows[k] = (*rows[k][:4], i)
             elif kind == FREE:
                 delta[i] = -sizes.get(target, 0)
                 waiting.pop(target, None)
             else:
+                nbytes = sizes.get(target, 0)
                 if kind == OFFLOAD:
                     if target in sent:
                         raise ValueError(f"value {target} is offloaded twice: walk the program")
                     sent.add(target)
                     waiting.pop(target, None)
+                    rows.append((i, True, nbytes, nbytes / link.d2h, -1))
                 else:
-                    waiting[target] = len(self._transfers)
-                self._transfers.append((i, kind, target, -1))
-        if backward_start < n:
-            delta[backward_start] += self._arriving
-        self._delta, self._times, self._is_run = delta, times, is_run
+                    waiting[target] = len(rows)
+                    rows.append((i, False, nbytes, nbytes / link.h2d, -1))
+        self._link, self._sizes = link, sizes
+        self._arriving = sum(sizes.get(v, 0) for v in arriving)
+        self._start, self._delta, self._times, self._is_run = backward_start, delta, times, is_run
+        self._transfers = _Transfers.of(rows)
 
     def figures(self, v: int, last: int, at: int, reader: int) -> tuple[int, float]:
         """(peak bytes, seconds) of the program with `offload v` after step `last` and
         `prefetch v` before step `at` (`last` < `at` <= `reader`, the first run that reads v
-        after `at`): `with_transfer`'s program in `core.solvers.offload`."""
+        after `at`): `core.solvers.offload.with_transfer`'s program."""
+        return self.inserted(v, last, at, reader)._figures()
 
-        def moved(s: int) -> int:  # a step of the program -> the same step with the pair in
-            return s + (s > last) + (s >= at)
-
+    def inserted(self, v: int, last: int, at: int, reader: int) -> TransferProbe:
+        """The probe of that program (what `figures` reads), for the next insertion."""
         where = [last + 1, at]
-        delta = np.insert(self._delta, where, 0)
-        times = np.insert(self._times, where, 0.0)
-        runs = np.flatnonzero(np.insert(self._is_run, where, False))
-        transfers = [
-            (moved(s), kind, u, moved(r) if r >= 0 else -1) for s, kind, u, r in self._transfers
-        ]
-        transfers += [(last + 1, OFFLOAD, v, -1), (at + 1, PREFETCH, v, reader + 2)]
-        transfers.sort()
+        out = TransferProbe.__new__(TransferProbe)
+        out._link, out._sizes, out._arriving = self._link, self._sizes, self._arriving
+        out._start = self._start + 1 + (at <= self._start)
+        out._delta = np.insert(self._delta, where, 0)
+        out._times = np.insert(self._times, where, 0.0)
+        out._is_run = np.insert(self._is_run, where, False)
+        nbytes = self._sizes.get(v, 0)
+        out._transfers = self._transfers.moved(last, at).with_rows(
+            (last + 1, True, nbytes, nbytes / self._link.d2h, -1),
+            (at + 1, False, nbytes, nbytes / self._link.h2d, reader + 2),
+        )
+        return out
+
+    def _figures(self) -> tuple[int, float]:
+        """(peak bytes, seconds) of this probe's program."""
+        times, tr = self._times, self._transfers
+        n = len(times)
         # the two lanes in program order: each copy starts when the lane is free and the runs
         # issued before it are done; a run reading a prefetched value waits for its copy
         clock = np.cumsum(times)  # end of the last run, after each step
-        starts = np.concatenate(([0.0], clock[:-1]))  # each run's start (before any wait)
-        events = sorted(
-            [(s, k) for k, (s, *_) in enumerate(transfers)]
-            + [(r, -1) for r in {r for _, kind, _, r in transfers if kind == PREFETCH and r >= 0}]
-        )
-        ready: dict[int, float] = {}  # run step -> when the prefetches it waits for are done
+        stalls: list[tuple[int, float]] = []  # (run step, when it starts after waiting)
+        waits: list[tuple[int, float]] = []  # heap: (run step, when its prefetch is done)
         ends: list[float] = []
         lane = 0.0
-        for step, k in events:
-            if k < 0:
-                _wait(step, ready.pop(step), clock, starts, times)
-                continue
-            _, kind, u, read = transfers[k]
-            nbytes = self._sizes.get(u, 0)
-            begin = max(lane, float(clock[step - 1]) if step > 0 else 0.0)
-            lane = begin + nbytes / (self._link.d2h if kind == OFFLOAD else self._link.h2d)
+        for step, seconds, read in zip(tr.step.tolist(), tr.seconds.tolist(), tr.reader.tolist()):
+            while waits and waits[0][0] < step:
+                _wait(*heapq.heappop(waits), clock, times, stalls)
+            now = float(clock[step - 1]) if step > 0 else 0.0
+            lane = max(lane, now) + seconds
             ends.append(lane)
-            if kind == PREFETCH:
-                delta[step] += nbytes
-                if read >= 0:
-                    ready[read] = max(ready.get(read, 0.0), lane)
+            if read >= 0:
+                heapq.heappush(waits, (read, lane))
+        while waits:
+            _wait(*heapq.heappop(waits), clock, times, stalls)
+        delta = self._delta.copy()
+        runs = np.flatnonzero(self._is_run)
+        starts = np.concatenate(([0.0], clock[:-1]))
+        for step, start in stalls:
+            starts[step] = start
         first = starts[runs]  # nondecreasing: a run starts when the one before it ends, or later
-        for (step, kind, u, _), end in zip(transfers, ends):
-            if kind == OFFLOAD:
-                k = max(int(np.searchsorted(runs, step, "right")), int(np.searchsorted(first, end)))
-                if k < len(runs):  # released before that run
-                    delta[runs[k]] -= self._sizes.get(u, 0)
+        off = tr.offload
+        # an offloaded storage goes before the first run after its offload that starts once
+        # its copy is done; a prefetched one is back from its prefetch
+        k = np.maximum(
+            np.searchsorted(runs, tr.step[off], "right"),
+            np.searchsorted(first, np.asarray(ends)[off]) if len(ends) else 0,
+        )
+        gone = k < len(runs)
+        np.subtract.at(delta, runs[k[gone]], tr.nbytes[off][gone])
+        np.add.at(delta, tr.step[~off], tr.nbytes[~off])
         live = np.cumsum(delta)
-        n, start = len(delta), self._start + 1 + (at <= self._start)
-        before = int(live[min(start, n) - 1]) if min(start, n) > 0 else 0
-        b_start = before + self._arriving
+        start = min(self._start, n)
+        b_start = (int(live[start - 1]) if start > 0 else 0) + self._arriving
         peak = max(int(live.max()) if n else 0, b_start, 0)
-        time = float(clock[-1]) if n else 0.0
-        return peak, max(time, lane)
+        return peak, max(float(clock[-1]) if n else 0.0, lane)
+
+
+@dataclass(frozen=True)
+class _Transfers:
+    """A program's transfers in program order, as arrays: step, whether an offload (else a
+    prefetch), bytes, seconds on the lane, and the run that waits for it (a prefetch's first
+    reader after it; -1: none)."""
+
+    step: np.ndarray
+    offload: np.ndarray
+    nbytes: np.ndarray
+    seconds: np.ndarray
+    reader: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[tuple[int, bool, int, float, int]]) -> _Transfers:
+        rows = sorted(rows)
+        cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+        return _Transfers(
+            np.array(cols[0], dtype=np.int64),
+            np.array(cols[1], dtype=bool),
+            np.array(cols[2], dtype=np.int64),
+            np.array(cols[3], dtype=np.float64),
+            np.array(cols[4], dtype=np.int64),
+        )
+
+    def moved(self, last: int, at: int) -> _Transfers:
+        """Steps once a step is inserted after `last` and another before `at`."""
+
+        def move(s: np.ndarray) -> np.ndarray:
+            return s + (s > last) + (s >= at)
+
+        reader = np.where(self.reader >= 0, move(self.reader), -1)
+        return _Transfers(move(self.step), self.offload, self.nbytes, self.seconds, reader)
+
+    def with_rows(self, *rows: tuple[int, bool, int, float, int]) -> _Transfers:
+        """These transfers and `rows`, in program order."""
+        new = _Transfers.of(rows)
+        order = np.argsort(np.concatenate((self.step, new.step)), kind="stable")
+        return _Transfers(
+            *(
+                np.concatenate((getattr(self, f), getattr(new, f)))[order]
+                for f in ("step", "offload", "nbytes", "seconds", "reader")
+            )
+        )
 
 
 def _wait(
-    step: int, ready: float, clock: np.ndarray, starts: np.ndarray, times: np.ndarray
+    step: int, ready: float, clock: np.ndarray, times: np.ndarray, stalls: list[tuple[int, float]]
 ) -> None:
-    """Run `step` waits until `ready` (its prefetched inputs are in) when that is later than the
+    """Run `step` waits until `ready` (a prefetched input is in) when that is later than the
     run before it ends: every later end moves, summed on from there as `walk` adds them."""
-    if ready <= starts[step]:
+    before = float(clock[step - 1]) if step > 0 else 0.0
+    if ready <= before:
         return
+    if stalls and stalls[-1][0] == step:  # a second prefetch this run waits for
+        if ready <= stalls[-1][1]:
+            return
+        stalls.pop()
     clock[step:] = np.cumsum(np.concatenate(([ready], times[step:])))[1:]
-    starts[step] = ready
-    starts[step + 1 :] = clock[step:-1]
+    stalls.append((step, ready))

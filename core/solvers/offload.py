@@ -126,8 +126,12 @@ class _Greedy:
         if self.probe is None:
             self.probe = TransferProbe(problem.graph, best.program, best.start, problem.link)
         found: tuple[int, int, float] | None = None  # (prefetch step, peak, time)
+        tried: set[int] = set()
         for lead in LEADS:
             at = _prefetch_step(problem, best.program, v, last, reader, lead)
+            if at in tried:  # the same program as a shorter lead's
+                continue
+            tried.add(at)
             peak, time = self.probe.figures(v, last, at, reader)
             if peak < best.peak and (found is None or (peak, time) < found[1:]):
                 found = at, peak, time
@@ -135,7 +139,7 @@ class _Greedy:
             return False
         program, start = _inserted(best.program, best.start, v, last, found[0])
         self.reached.append(_Reached(program, start, found[1], found[2]))
-        self.probe = None
+        self.probe = self.probe.inserted(v, last, found[0], reader)
         return True
 
 
