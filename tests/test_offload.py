@@ -30,9 +30,12 @@ from core.simulator import (
     DagOp,
     InvalidPlan,
     Link,
+    TransferProbe,
     program_from_runs,
     walk,
+    walk_step,
 )
+from core.solvers import offload as offload_solver
 from core.solvers.offload import MIN_BYTES, with_transfer
 from core.validate import check_program
 from sample_models import SMALL
@@ -513,3 +516,38 @@ def test_a_solved_vit_plan_offloads_and_runs_as_predicted():
     assert_same_grads(grads, eager_grads)
     assert peak == plan.predicted_peak + SEED_BYTES
     assert run.host_peak == plan.predicted_host_bytes
+
+
+@pytest.mark.parametrize("name, device", [("gpt-tiny", "cpu"), ("gpt-tiny", "h100")])
+def test_the_greedy_pass_figures_every_try_as_the_walk_does(name, device, monkeypatch):
+    """The greedy pass ranks its tries by `TransferProbe`'s figures, not by walking them: on
+    every program it evaluates (below its floor, so every base budget tries every candidate),
+    the probe's peak and time are walk_step's exactly, stalls and queued copies included."""
+    model, inputs = fresh(name)
+    problem = core.analyze(model, inputs, device=device)
+    programs: dict[int, tuple[list, int]] = {}  # id(probe) -> the program it figures
+    probes: list[TransferProbe] = []  # alive, so ids stay theirs
+    made, inserted = TransferProbe.__init__, TransferProbe.inserted
+    walks = []
+
+    def init(self, graph, program, start, link):
+        made(self, graph, program, start, link)
+        programs[id(self)] = list(program), start
+        probes.append(self)
+
+    def insert(self, v, last, at, reader):
+        out = inserted(self, v, last, at, reader)
+        programs[id(out)] = offload_solver._inserted(*programs[id(self)], v, last, at)
+        probes.append(out)
+        walked = walk_step(problem.graph, *programs[id(out)], problem.link)
+        assert out._figures() == (walked.peak, walked.time)
+        walks.append(walked)
+        return out
+
+    monkeypatch.setattr(TransferProbe, "__init__", init)
+    monkeypatch.setattr(TransferProbe, "inserted", insert)
+    with pytest.raises(InfeasibleBudget):
+        core.solve(problem, 0.2, "offload")
+    assert len(walks) > 200
+    assert any(w.stall > 0 for w in walks)  # runs waited for prefetches
+    assert any(len(w.transfers) > 20 for w in walks)
