@@ -11,6 +11,11 @@ peak (the simulator times the transfer lane, so queued copies and stalls count).
 The fastest plan that fits B wins; a base budget that already fits is one of the candidates,
 so this solver is never slower than Rockmate where Rockmate fits.
 
+For speed, the pass from a base program (which does not depend on B until it stops) runs once
+per problem, as far as the budgets asked so far need, shared by every budget, base budget and
+trade-off point that starts from that program; each try is figured by
+`core.simulator.TransferProbe` (numpy) instead of walked, and only the winner is simulated.
+
 Not POFO's dynamic program: the offload choices are not part of the chain's optimisation.
 """
 
@@ -37,7 +42,7 @@ MIN_BYTES = 1024  # smaller values are not worth a transfer (torchtune skips the
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    best: Plan | None = None
+    best: tuple[Plan, _Reached] | None = None
     smallest = problem.store_all_peak
     for factor in LADDER:
         base = min(int(budget * factor), problem.store_all_peak)
@@ -45,27 +50,20 @@ def solve(problem: Problem, budget: int) -> Plan:
             plan = chain_plan(problem, base, "offload", with_options=True)
         except InfeasibleBudget:
             continue
-        plan = offload_greedily(problem, plan, budget)
-        smallest = min(smallest, plan.predicted_peak)
-        if plan.predicted_peak <= budget and (
-            best is None or plan.predicted_time < best.predicted_time
-        ):
-            best = plan
+        # offloads and prefetches added, largest kept value first, each kept when it lowers
+        # the simulated peak, until the peak fits or no value is left to try
+        reached = _greedy(problem, tuple(plan.program), plan.backward_start).reach(problem, budget)
+        smallest = min(smallest, reached.peak)
+        if reached.peak <= budget and (best is None or reached.time < best[1].time):
+            best = plan, reached
         if base == problem.store_all_peak:
             break
     if best is None:  # the smallest peak the search reached: a guide, searches from other
         raise InfeasibleBudget(budget, smallest, "offload")  # base budgets may differ
-    return best
-
-
-def offload_greedily(problem: Problem, plan: Plan, budget: int) -> Plan:
-    """`plan` with offloads and prefetches added, largest kept value first, each kept when it
-    lowers the simulated peak, until the peak fits `budget` or no value is left to try."""
-    greedy = _greedy(problem, tuple(plan.program), plan.backward_start)
-    program, start = greedy.reach(problem, budget)
-    if program == plan.program:
+    plan, reached = best  # only the winner is simulated as a plan
+    if reached.program == plan.program:
         return plan
-    return replace(plan, program=program, backward_start=start, _sim=None)
+    return replace(plan, program=list(reached.program), backward_start=reached.start, _sim=None)
 
 
 @dataclass
@@ -102,7 +100,7 @@ class _Greedy:
         self.tried = 0  # candidates tried so far
         self.probe: TransferProbe | None = None  # of the last program reached
 
-    def reach(self, problem: Problem, budget: int) -> tuple[list[Instruction], int]:
+    def reach(self, problem: Problem, budget: int) -> _Reached:
         """The program the pass stops at for `budget`: the first that fits, or its last."""
         best = self.reached[-1]
         while best.peak > budget and self.tried < len(self.candidates):
@@ -110,10 +108,7 @@ class _Greedy:
             self.tried += 1
             if self.step(problem, v):
                 best = self.reached[-1]
-        for reached in self.reached:  # peaks fall strictly along the pass
-            if reached.peak <= budget:
-                return reached.program, reached.start
-        return best.program, best.start
+        return next((r for r in self.reached if r.peak <= budget), best)  # peaks fall
 
     def step(self, problem: Problem, v: int) -> bool:
         """Try offloading v at each lead; keep the try with the lowest peak, then time, if it
