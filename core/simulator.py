@@ -834,7 +834,8 @@ class TransferProbe:
                     rows.append((i, False, nbytes, nbytes / link.h2d, -1))
         self._link, self._sizes = link, sizes
         self._arriving = sum(sizes.get(v, 0) for v in arriving)
-        self._start, self._delta, self._times, self._is_run = backward_start, delta, times, is_run
+        self._start, self._delta, self._times = backward_start, delta, times
+        self._runs = np.flatnonzero(is_run)
         self._transfers = _Transfers.of(rows)
 
     def figures(self, v: int, last: int, at: int, reader: int) -> tuple[int, float]:
@@ -845,15 +846,16 @@ class TransferProbe:
 
     def inserted(self, v: int, last: int, at: int, reader: int) -> TransferProbe:
         """The probe of that program (what `figures` reads), for the next insertion."""
-        where = [last + 1, at]
         out = TransferProbe.__new__(TransferProbe)
         out._link, out._sizes, out._arriving = self._link, self._sizes, self._arriving
         out._start = self._start + 1 + (at <= self._start)
-        out._delta = np.insert(self._delta, where, 0)
-        out._times = np.insert(self._times, where, 0.0)
-        out._is_run = np.insert(self._is_run, where, False)
+        out._delta = _paired(self._delta, last, at, 0)
+        out._times = _paired(self._times, last, at, 0.0)
+        out._runs = _moved(self._runs, last, at)
         nbytes = self._sizes.get(v, 0)
-        out._transfers = self._transfers.moved(last, at).with_rows(
+        out._transfers = self._transfers.inserted(
+            last,
+            at,
             (last + 1, True, nbytes, nbytes / self._link.d2h, -1),
             (at + 1, False, nbytes, nbytes / self._link.h2d, reader + 2),
         )
@@ -874,14 +876,14 @@ class TransferProbe:
             while waits and waits[0][0] < step:
                 _wait(*heapq.heappop(waits), clock, times, stalls)
             now = float(clock[step - 1]) if step > 0 else 0.0
-            lane = max(lane, now) + seconds
+            lane = (lane if lane > now else now) + seconds
             ends.append(lane)
-            if read >= 0:
+            if read >= 0 and lane > float(clock[read - 1]):  # else the run never waits for it
                 heapq.heappush(waits, (read, lane))
         while waits:
             _wait(*heapq.heappop(waits), clock, times, stalls)
         delta = self._delta.copy()
-        runs = np.flatnonzero(self._is_run)
+        runs = self._runs
         starts = np.concatenate(([0.0], clock[:-1]))
         for step, start in stalls:
             starts[step] = start
@@ -927,25 +929,42 @@ class _Transfers:
             np.array(cols[4], dtype=np.int64),
         )
 
-    def moved(self, last: int, at: int) -> _Transfers:
-        """Steps once a step is inserted after `last` and another before `at`."""
+    def inserted(
+        self,
+        last: int,
+        at: int,
+        off: tuple[int, bool, int, float, int],
+        pre: tuple[int, bool, int, float, int],
+    ) -> _Transfers:
+        """These transfers once a step is inserted after `last` and another before `at`, with
+        the transfers `off` and `pre` of those two steps."""
+        step = _moved(self.step, last, at)
+        i, j = np.searchsorted(step, [off[0], pre[0]]).tolist()
+        reader = np.where(self.reader >= 0, _moved(self.reader, last, at), -1)
 
-        def move(s: np.ndarray) -> np.ndarray:
-            return s + (s > last) + (s >= at)
+        def two(a: np.ndarray, x: float, y: float) -> np.ndarray:
+            x_, y_ = np.array([x], dtype=a.dtype), np.array([y], dtype=a.dtype)
+            return np.concatenate((a[:i], x_, a[i:j], y_, a[j:]))
 
-        reader = np.where(self.reader >= 0, move(self.reader), -1)
-        return _Transfers(move(self.step), self.offload, self.nbytes, self.seconds, reader)
-
-    def with_rows(self, *rows: tuple[int, bool, int, float, int]) -> _Transfers:
-        """These transfers and `rows`, in program order."""
-        new = _Transfers.of(rows)
-        order = np.argsort(np.concatenate((self.step, new.step)), kind="stable")
         return _Transfers(
             *(
-                np.concatenate((getattr(self, f), getattr(new, f)))[order]
-                for f in ("step", "offload", "nbytes", "seconds", "reader")
+                two(a, x, y)
+                for a, x, y in zip(
+                    (step, self.offload, self.nbytes, self.seconds, reader), off, pre
+                )
             )
         )
+
+
+def _moved(steps: np.ndarray, last: int, at: int) -> np.ndarray:
+    """Steps of a program once a step is inserted after `last` and another before `at`."""
+    return steps + (steps > last) + (steps >= at)
+
+
+def _paired(a: np.ndarray, last: int, at: int, fill: float) -> np.ndarray:
+    """Per-step `a` once `fill` is inserted after step `last` and before step `at`."""
+    one = np.array([fill], dtype=a.dtype)
+    return np.concatenate((a[: last + 1], one, a[last + 1 : at], one, a[at:]))
 
 
 def _wait(
