@@ -833,7 +833,9 @@ class TransferProbe:
                     waiting[target] = len(rows)
                     rows.append((i, False, nbytes, nbytes / link.h2d, -1))
         self._link, self._sizes = link, sizes
-        self._arriving = sum(sizes.get(v, 0) for v in arriving)
+        self._arriving = sum(sizes.get(v, 0) for v in arriving)  # live from the backward's start
+        if backward_start < n:
+            delta[backward_start] += self._arriving
         self._start, self._delta, self._times = backward_start, delta, times
         self._runs = np.flatnonzero(is_run)
         self._transfers = _Transfers.of(rows)

@@ -551,3 +551,38 @@ def test_the_greedy_pass_figures_every_try_as_the_walk_does(name, device, monkey
     assert len(walks) > 200
     assert any(w.stall > 0 for w in walks)  # runs waited for prefetches
     assert any(len(w.transfers) > 20 for w in walks)
+
+
+@pytest.fixture(scope="module")
+def gpt_h100():
+    model, inputs = fresh("gpt-tiny")
+    return core.analyze(model, inputs, device="h100")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_transfer_probe_agrees_with_the_walk_on_random_transfers(gpt_h100, seed):
+    """Random kept activations of gpt-tiny's store-all program (h100 preset: copies queue and
+    stall), each offloaded at a random step after its last forward use and prefetched at a
+    random step up to its first backward reader, one after another: after each, the probe's
+    peak and time are walk_step's exactly."""
+    import random
+
+    rnd = random.Random(seed)
+    problem = gpt_h100
+    graph = problem.graph
+    program, start = store_all_plan(problem).program, store_all_plan(problem).backward_start
+    probe = TransferProbe(graph, program, start, problem.link)
+    kept = walk_step(graph, program, start, problem.link).kept
+    values = sorted(v for v in kept if graph.values[v].kind == "activation")
+    for v in rnd.sample(values, min(12, len(values))):
+        place = offload_solver._placement(problem, program, start, v)
+        if place is None:
+            continue
+        last, reader = place
+        off = rnd.randint(last, start - 1)
+        at = rnd.randint(off + 1, reader)
+        figures = probe.figures(v, off, at, reader)
+        probe = probe.inserted(v, off, at, reader)
+        program, start = offload_solver._inserted(program, start, v, off, at)
+        walked = walk_step(graph, program, start, problem.link)
+        assert figures == (walked.peak, walked.time)
