@@ -21,6 +21,7 @@ Not POFO's dynamic program: the offload choices are not part of the chain's opti
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -99,16 +100,17 @@ class _Greedy:
         )
         self.tried = 0  # candidates tried so far
         self.probe: TransferProbe | None = None  # of the last program reached
+        self.lock = threading.Lock()
 
     def reach(self, problem: Problem, budget: int) -> _Reached:
         """The program the pass stops at for `budget`: the first that fits, or its last."""
-        best = self.reached[-1]
-        while best.peak > budget and self.tried < len(self.candidates):
-            v = self.candidates[self.tried]
-            self.tried += 1
-            if self.step(problem, v):
-                best = self.reached[-1]
-        return next((r for r in self.reached if r.peak <= budget), best)  # peaks fall
+        with self.lock:  # the app solves one problem from several threads
+            best = self.reached[-1]
+            while best.peak > budget and self.tried < len(self.candidates):
+                if self.step(problem, self.candidates[self.tried]):
+                    best = self.reached[-1]
+                self.tried += 1
+            return next((r for r in self.reached if r.peak <= budget), best)  # peaks fall
 
     def step(self, problem: Problem, v: int) -> bool:
         """Try offloading v at each lead; keep the try with the lowest peak, then time, if it
