@@ -10,9 +10,11 @@ the solvers rank candidates by (a block or a whole graph as a `Dag`), the app's 
 (live values and each forward op's fate) and the runtime, which walks the same program.
 
 Each instruction kind has one handler in `walk`; a new kind is a new handler there and a new
-constant here, not a second simulator. One shortcut, for speed only: `StepRuns` finds the
+constant here, not a second simulator. Two shortcuts, for speed only: `StepRuns` finds the
 peak and time `walk` gives the program of a run list (runs and frees, no transfers) without
 building it, for Rotor's probes; tests hold it to `walk` on every chain schedule.
+`TransferProbe` finds them for a program with one more value's offload and prefetch inserted,
+for the greedy offload pass's tries; tests hold it to `walk` on every try the pass makes.
 
 Time runs on two lanes: compute (runs, one after another) and transfer (offloads and
 prefetches, one after another, at the host link's bandwidth). A transfer starts when the lane
