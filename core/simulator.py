@@ -10,9 +10,11 @@ the solvers rank candidates by (a block or a whole graph as a `Dag`), the app's 
 (live values and each forward op's fate) and the runtime, which walks the same program.
 
 Each instruction kind has one handler in `walk`; a new kind is a new handler there and a new
-constant here, not a second simulator. One shortcut, for speed only: `StepRuns` finds the
+constant here, not a second simulator. Two shortcuts, for speed only: `StepRuns` finds the
 peak and time `walk` gives the program of a run list (runs and frees, no transfers) without
 building it, for Rotor's probes; tests hold it to `walk` on every chain schedule.
+`TransferProbe` finds them for a program with one more value's offload and prefetch inserted,
+for the greedy offload pass's tries; tests hold it to `walk` on every try the pass makes.
 
 Time runs on two lanes: compute (runs, one after another) and transfer (offloads and
 prefetches, one after another, at the host link's bandwidth). A transfer starts when the lane
@@ -24,6 +26,7 @@ prefetched value's host copy likewise once its copy back is done.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
@@ -781,3 +784,204 @@ def store_all_program(graph: Graph) -> tuple[list[Instruction], int]:
         len(graph.forward_ops),
         graph.final_values,
     )
+
+
+class TransferProbe:
+    """The peak and time `walk_step` finds for a program (runs, frees and transfers, each value
+    offloaded at most once and prefetched at most once after) with one more value's transfer
+    pair inserted, computed with numpy without building or walking the new program: what the
+    greedy offload pass reads for each of its candidates (thousands per solve). It checks
+    nothing, so walk the program a search picks.
+
+    Memory is the program's with every transfer a no-op (each value live from its run to its
+    free), less each offloaded value's bytes from the run its copy is released before, plus
+    them again from its prefetch. Time follows the two lanes: runs add up in order (as `walk`
+    adds them) except where a run waits for a prefetched input; the transfer lane is replayed
+    copy by copy."""
+
+    def __init__(
+        self, graph: Graph, program: Sequence[Instruction], backward_start: int, link: Link
+    ) -> None:
+        sizes, _, arriving = _step_values(graph)
+        ops = graph.ops
+        n = len(program)
+        delta = np.zeros(n, dtype=np.int64)  # bytes each step adds, every transfer a no-op
+        times = np.zeros(n, dtype=np.float64)  # each run's seconds, 0 for the other steps
+        is_run = np.zeros(n, dtype=bool)
+        rows: list[tuple[int, bool, int, float, int]] = []  # see `_Transfers`
+        waiting: dict[int, int] = {}  # prefetched value -> its row, until a run reads it
+        sent: set[int] = set()
+        for i, (kind, target) in enumerate(program):
+            if kind == RUN:
+                op = ops[target]
+                delta[i] = sum(sizes.get(v, 0) for v in op.outputs)
+                times[i], is_run[i] = op.time, True
+                for v in op.inputs:
+                    k = waiting.pop(v, None)
+                    if k is not None:
+                        rows[k] = (*rows[k][:4], i)
+            elif kind == FREE:
+                delta[i] = -sizes.get(target, 0)
+                waiting.pop(target, None)
+            else:
+                nbytes = sizes.get(target, 0)
+                if kind == OFFLOAD:
+                    if target in sent:
+                        raise ValueError(f"value {target} is offloaded twice: walk the program")
+                    sent.add(target)
+                    waiting.pop(target, None)
+                    rows.append((i, True, nbytes, nbytes / link.d2h, -1))
+                else:
+                    waiting[target] = len(rows)
+                    rows.append((i, False, nbytes, nbytes / link.h2d, -1))
+        self._link, self._sizes = link, sizes
+        self._arriving = sum(sizes.get(v, 0) for v in arriving)  # live from the backward's start
+        if backward_start < n:
+            delta[backward_start] += self._arriving
+        self._start, self._delta, self._times = backward_start, delta, times
+        self._runs = np.flatnonzero(is_run)
+        self._transfers = _Transfers.of(rows)
+
+    def figures(self, v: int, last: int, at: int, reader: int) -> tuple[int, float]:
+        """(peak bytes, seconds) of the program with `offload v` after step `last` and
+        `prefetch v` before step `at` (`last` < `at` <= `reader`, the first run that reads v
+        after `at`): `core.solvers.offload.with_transfer`'s program."""
+        return self.inserted(v, last, at, reader)._figures()
+
+    def inserted(self, v: int, last: int, at: int, reader: int) -> TransferProbe:
+        """The probe of that program (what `figures` reads), for the next insertion."""
+        out = TransferProbe.__new__(TransferProbe)
+        out._link, out._sizes, out._arriving = self._link, self._sizes, self._arriving
+        out._start = self._start + 1 + (at <= self._start)
+        out._delta = _paired(self._delta, last, at, 0)
+        out._times = _paired(self._times, last, at, 0.0)
+        out._runs = _moved(self._runs, last, at)
+        nbytes = self._sizes.get(v, 0)
+        out._transfers = self._transfers.inserted(
+            last,
+            at,
+            (last + 1, True, nbytes, nbytes / self._link.d2h, -1),
+            (at + 1, False, nbytes, nbytes / self._link.h2d, reader + 2),
+        )
+        return out
+
+    def _figures(self) -> tuple[int, float]:
+        """(peak bytes, seconds) of this probe's program."""
+        times, tr = self._times, self._transfers
+        n = len(times)
+        # the two lanes in program order: each copy starts when the lane is free and the runs
+        # issued before it are done; a run reading a prefetched value waits for its copy
+        clock = np.cumsum(times)  # end of the last run, after each step
+        stalls: list[tuple[int, float]] = []  # (run step, when it starts after waiting)
+        waits: list[tuple[int, float]] = []  # heap: (run step, when its prefetch is done)
+        ends: list[float] = []
+        lane = 0.0
+        for step, seconds, read in zip(tr.step.tolist(), tr.seconds.tolist(), tr.reader.tolist()):
+            while waits and waits[0][0] < step:
+                _wait(*heapq.heappop(waits), clock, times, stalls)
+            now = float(clock[step - 1]) if step > 0 else 0.0
+            lane = (lane if lane > now else now) + seconds
+            ends.append(lane)
+            if read >= 0 and lane > float(clock[read - 1]):  # else the run never waits for it
+                heapq.heappush(waits, (read, lane))
+        while waits:
+            _wait(*heapq.heappop(waits), clock, times, stalls)
+        delta = self._delta.copy()
+        runs = self._runs
+        starts = np.concatenate(([0.0], clock[:-1]))
+        for step, start in stalls:
+            starts[step] = start
+        first = starts[runs]  # nondecreasing: a run starts when the one before it ends, or later
+        off = tr.offload
+        # an offloaded storage goes before the first run after its offload that starts once
+        # its copy is done; a prefetched one is back from its prefetch
+        k = np.maximum(
+            np.searchsorted(runs, tr.step[off], "right"),
+            np.searchsorted(first, np.asarray(ends)[off]) if len(ends) else 0,
+        )
+        gone = k < len(runs)
+        np.subtract.at(delta, runs[k[gone]], tr.nbytes[off][gone])
+        np.add.at(delta, tr.step[~off], tr.nbytes[~off])
+        live = np.cumsum(delta)
+        start = min(self._start, n)
+        b_start = (int(live[start - 1]) if start > 0 else 0) + self._arriving
+        peak = max(int(live.max()) if n else 0, b_start, 0)
+        return peak, max(float(clock[-1]) if n else 0.0, lane)
+
+
+@dataclass(frozen=True)
+class _Transfers:
+    """A program's transfers in program order, as arrays: step, whether an offload (else a
+    prefetch), bytes, seconds on the lane, and the run that waits for it (a prefetch's first
+    reader after it; -1: none)."""
+
+    step: np.ndarray
+    offload: np.ndarray
+    nbytes: np.ndarray
+    seconds: np.ndarray
+    reader: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[tuple[int, bool, int, float, int]]) -> _Transfers:
+        rows = sorted(rows)
+        cols = list(zip(*rows)) if rows else [(), (), (), (), ()]
+        return _Transfers(
+            np.array(cols[0], dtype=np.int64),
+            np.array(cols[1], dtype=bool),
+            np.array(cols[2], dtype=np.int64),
+            np.array(cols[3], dtype=np.float64),
+            np.array(cols[4], dtype=np.int64),
+        )
+
+    def inserted(
+        self,
+        last: int,
+        at: int,
+        off: tuple[int, bool, int, float, int],
+        pre: tuple[int, bool, int, float, int],
+    ) -> _Transfers:
+        """These transfers once a step is inserted after `last` and another before `at`, with
+        the transfers `off` and `pre` of those two steps."""
+        step = _moved(self.step, last, at)
+        i, j = np.searchsorted(step, [off[0], pre[0]]).tolist()
+        reader = np.where(self.reader >= 0, _moved(self.reader, last, at), -1)
+
+        def two(a: np.ndarray, x: float, y: float) -> np.ndarray:
+            x_, y_ = np.array([x], dtype=a.dtype), np.array([y], dtype=a.dtype)
+            return np.concatenate((a[:i], x_, a[i:j], y_, a[j:]))
+
+        return _Transfers(
+            *(
+                two(a, x, y)
+                for a, x, y in zip(
+                    (step, self.offload, self.nbytes, self.seconds, reader), off, pre
+                )
+            )
+        )
+
+
+def _moved(steps: np.ndarray, last: int, at: int) -> np.ndarray:
+    """Steps of a program once a step is inserted after `last` and another before `at`."""
+    return steps + (steps > last) + (steps >= at)
+
+
+def _paired(a: np.ndarray, last: int, at: int, fill: float) -> np.ndarray:
+    """Per-step `a` once `fill` is inserted after step `last` and before step `at`."""
+    one = np.array([fill], dtype=a.dtype)
+    return np.concatenate((a[: last + 1], one, a[last + 1 : at], one, a[at:]))
+
+
+def _wait(
+    step: int, ready: float, clock: np.ndarray, times: np.ndarray, stalls: list[tuple[int, float]]
+) -> None:
+    """Run `step` waits until `ready` (a prefetched input is in) when that is later than the
+    run before it ends: every later end moves, summed on from there as `walk` adds them."""
+    before = float(clock[step - 1]) if step > 0 else 0.0
+    if ready <= before:
+        return
+    if stalls and stalls[-1][0] == step:  # a second prefetch this run waits for
+        if ready <= stalls[-1][1]:
+            return
+        stalls.pop()
+    clock[step:] = np.cumsum(np.concatenate(([ready], times[step:])))[1:]
+    stalls.append((step, ready))

@@ -32,9 +32,12 @@ from core.simulator import (
     DagOp,
     InvalidPlan,
     Link,
+    TransferProbe,
     program_from_runs,
     walk,
+    walk_step,
 )
+from core.solvers import offload as offload_solver
 from core.solvers.offload import with_transfer
 from core.validate import check_program
 from sample_models import SMALL
@@ -474,3 +477,73 @@ def test_a_solved_vit_plan_offloads_and_runs_as_predicted():
     assert_same_grads(grads, eager_grads)
     assert peak == plan.predicted_peak + SEED_BYTES
     assert run.host_peak == plan.predicted_host_bytes
+
+
+@pytest.mark.parametrize("name, device", [("gpt-tiny", "cpu"), ("gpt-tiny", "h100")])
+def test_the_greedy_pass_figures_every_try_as_the_walk_does(name, device, monkeypatch):
+    """The greedy pass ranks its tries by `TransferProbe`'s figures, not by walking them: on
+    every program it evaluates (below its floor, so every base budget tries every candidate),
+    the probe's peak and time are walk_step's exactly, stalls and queued copies included."""
+    model, inputs = fresh(name)
+    problem = core.analyze(model, inputs, device=device)
+    programs: dict[int, tuple[list, int]] = {}  # id(probe) -> the program it figures
+    probes: list[TransferProbe] = []  # alive, so ids stay theirs
+    made, inserted = TransferProbe.__init__, TransferProbe.inserted
+    walks = []
+
+    def init(self, graph, program, start, link):
+        made(self, graph, program, start, link)
+        programs[id(self)] = list(program), start
+        probes.append(self)
+
+    def insert(self, v, last, at, reader):
+        out = inserted(self, v, last, at, reader)
+        programs[id(out)] = offload_solver._inserted(*programs[id(self)], v, last, at)
+        probes.append(out)
+        walked = walk_step(problem.graph, *programs[id(out)], problem.link)
+        assert out._figures() == (walked.peak, walked.time)
+        walks.append(walked)
+        return out
+
+    monkeypatch.setattr(TransferProbe, "__init__", init)
+    monkeypatch.setattr(TransferProbe, "inserted", insert)
+    with pytest.raises(InfeasibleBudget):
+        core.solve(problem, 0.2, "offload")
+    assert len(walks) > 200
+    assert any(w.stall > 0 for w in walks)  # runs waited for prefetches
+    assert any(len(w.transfers) > 20 for w in walks)
+
+
+@pytest.fixture(scope="module")
+def gpt_h100():
+    model, inputs = fresh("gpt-tiny")
+    return core.analyze(model, inputs, device="h100")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_transfer_probe_agrees_with_the_walk_on_random_transfers(gpt_h100, seed):
+    """Random kept activations of gpt-tiny's store-all program (h100 preset: copies queue and
+    stall), each offloaded at a random step after its last forward use and prefetched at a
+    random step up to its first backward reader, one after another: after each, the probe's
+    peak and time are walk_step's exactly."""
+    import random
+
+    rnd = random.Random(seed)
+    problem = gpt_h100
+    graph = problem.graph
+    program, start = store_all_plan(problem).program, store_all_plan(problem).backward_start
+    probe = TransferProbe(graph, program, start, problem.link)
+    kept = walk_step(graph, program, start, problem.link).kept
+    values = sorted(v for v in kept if graph.values[v].kind == "activation")
+    for v in rnd.sample(values, min(12, len(values))):
+        place = offload_solver._placement(problem, program, start, v)
+        if place is None:
+            continue
+        last, reader = place
+        off = rnd.randint(last, start - 1)
+        at = rnd.randint(off + 1, reader)
+        figures = probe.figures(v, off, at, reader)
+        probe = probe.inserted(v, off, at, reader)
+        program, start = offload_solver._inserted(program, start, v, off, at)
+        walked = walk_step(graph, program, start, problem.link)
+        assert figures == (walked.peak, walked.time)

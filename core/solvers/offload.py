@@ -11,17 +11,24 @@ peak (the simulator times the transfer lane, so queued copies and stalls count).
 The fastest plan that fits B wins; a base budget that already fits is one of the candidates,
 so this solver is never slower than Rockmate where Rockmate fits.
 
+For speed, the pass from a base program (which does not depend on B until it stops) runs once
+per problem, as far as the budgets asked so far need, shared by every budget, base budget and
+trade-off point that starts from that program; each try is figured by
+`core.simulator.TransferProbe` (numpy) instead of walked, and only the winner is simulated.
+
 Not POFO's dynamic program: the offload choices are not part of the chain's optimisation.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from core.errors import InfeasibleBudget
-from core.problem import Problem
+from core.problem import Problem, per_problem
 from core.schedule import Plan
-from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, walk_step
+from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, TransferProbe, walk_step
 from core.solvers.rotor import chain_plan
 
 # base budgets, as multiples of the budget asked (11 points: gpt-small-6l, h100 preset,
@@ -36,7 +43,7 @@ MIN_BYTES = 1024  # smaller values are not worth a transfer (torchtune skips the
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    best: Plan | None = None
+    best: tuple[Plan, _Reached] | None = None
     smallest = problem.store_all_peak
     for factor in LADDER:
         base = min(int(budget * factor), problem.store_all_peak)
@@ -44,53 +51,99 @@ def solve(problem: Problem, budget: int) -> Plan:
             plan = chain_plan(problem, base, "offload", with_options=True)
         except InfeasibleBudget:
             continue
-        plan = offload_greedily(problem, plan, budget)
-        smallest = min(smallest, plan.predicted_peak)
-        if plan.predicted_peak <= budget and (
-            best is None or plan.predicted_time < best.predicted_time
-        ):
-            best = plan
+        # offloads and prefetches added, largest kept value first, each kept when it lowers
+        # the simulated peak, until the peak fits or no value is left to try
+        reached = _greedy(problem, tuple(plan.program), plan.backward_start).reach(problem, budget)
+        smallest = min(smallest, reached.peak)
+        if reached.peak <= budget and (best is None or reached.time < best[1].time):
+            best = plan, reached
         if base == problem.store_all_peak:
             break
     if best is None:  # the smallest peak the search reached: a guide, searches from other
         raise InfeasibleBudget(budget, smallest, "offload")  # base budgets may differ
-    return best
-
-
-def offload_greedily(problem: Problem, plan: Plan, budget: int) -> Plan:
-    """`plan` with offloads and prefetches added, largest kept value first, each kept when it
-    lowers the simulated peak, until the peak fits `budget` or no value is left to try."""
-    graph, link = problem.graph, problem.link
-    program, start = list(plan.program), plan.backward_start
-    best = walk_step(graph, program, start, link)
-    candidates = sorted(
-        (
-            v
-            for v in best.kept
-            if graph.values[v].kind == "activation"
-            and graph.values[v].nbytes >= MIN_BYTES
-            and v not in graph.final_values
-        ),
-        key=lambda v: (-graph.values[v].nbytes, v),
-    )
-    for v in candidates:
-        if best.peak <= budget:
-            break
-        found = None
-        for lead in LEADS:
-            trial = with_transfer(problem, program, start, v, lead)
-            if trial is None:
-                break
-            walked = walk_step(graph, trial[0], trial[1], link)
-            if walked.peak < best.peak and (
-                found is None or (walked.peak, walked.time) < (found[1].peak, found[1].time)
-            ):
-                found = trial, walked
-        if found is not None:
-            (program, start), best = found
-    if program == plan.program:
+    plan, reached = best  # only the winner is simulated as a plan
+    if reached.program == plan.program:
         return plan
-    return replace(plan, program=program, backward_start=start, _sim=None)
+    return replace(plan, program=list(reached.program), backward_start=reached.start, _sim=None)
+
+
+@dataclass
+class _Reached:
+    """A program the greedy pass reached, with its simulated peak and time."""
+
+    program: list[Instruction]
+    start: int
+    peak: int
+    time: float
+
+
+class _Greedy:
+    """The greedy pass from one program, run only as far as the budgets asked need: the pass
+    does not depend on the budget until it stops (at the first program that fits), so every
+    budget, base budget and trade-off point that starts from the same program shares it.
+    Each candidate's tries are figured by `TransferProbe` (held to `walk_step` in tests).
+    It holds no reference to the problem (the per-problem memo would keep it alive)."""
+
+    def __init__(self, problem: Problem, program: tuple[Instruction, ...], start: int) -> None:
+        graph = problem.graph
+        walked = walk_step(graph, program, start, problem.link)
+        self.reached = [_Reached(list(program), start, walked.peak, walked.time)]
+        self.candidates = sorted(
+            (
+                v
+                for v in walked.kept
+                if graph.values[v].kind == "activation"
+                and graph.values[v].nbytes >= MIN_BYTES
+                and v not in graph.final_values
+            ),
+            key=lambda v: (-graph.values[v].nbytes, v),
+        )
+        self.tried = 0  # candidates tried so far
+        self.probe: TransferProbe | None = None  # of the last program reached
+        self.lock = threading.Lock()
+
+    def reach(self, problem: Problem, budget: int) -> _Reached:
+        """The program the pass stops at for `budget`: the first that fits, or its last."""
+        with self.lock:  # the app solves one problem from several threads
+            best = self.reached[-1]
+            while best.peak > budget and self.tried < len(self.candidates):
+                if self.step(problem, self.candidates[self.tried]):
+                    best = self.reached[-1]
+                self.tried += 1
+            return next((r for r in self.reached if r.peak <= budget), best)  # peaks fall
+
+    def step(self, problem: Problem, v: int) -> bool:
+        """Try offloading v at each lead; keep the try with the lowest peak, then time, if it
+        lowers the peak. Whether one was kept."""
+        best = self.reached[-1]
+        place = _placement(problem, best.program, best.start, v)
+        if place is None:
+            return False
+        last, reader = place
+        if self.probe is None:
+            self.probe = TransferProbe(problem.graph, best.program, best.start, problem.link)
+        found: tuple[int, int, float] | None = None  # (prefetch step, peak, time)
+        tried: set[int] = set()
+        for lead in LEADS:
+            at = _prefetch_step(problem, best.program, v, last, reader, lead)
+            if at in tried:  # the same program as a shorter lead's
+                continue
+            tried.add(at)
+            peak, time = self.probe.figures(v, last, at, reader)
+            if peak < best.peak and (found is None or (peak, time) < found[1:]):
+                found = at, peak, time
+        if found is None:
+            return False
+        program, start = _inserted(best.program, best.start, v, last, found[0])
+        self.reached.append(_Reached(program, start, found[1], found[2]))
+        self.probe = self.probe.inserted(v, last, found[0], reader)
+        return True
+
+
+@per_problem
+def _greedy(problem: Problem, program: tuple[Instruction, ...], start: int) -> _Greedy:
+    """The greedy pass from `program` (memoised per problem: see `_Greedy`)."""
+    return _Greedy(problem, program, start)
 
 
 def with_transfer(
@@ -98,6 +151,20 @@ def with_transfer(
 ) -> tuple[list[Instruction], int] | None:
     """`program` with `offload v` after v's last forward use and `prefetch v` before its first
     backward reader, early enough for the copy when compute allows; None when the backward
+    never reads v."""
+    place = _placement(problem, program, start, v)
+    if place is None:
+        return None
+    last, reader = place
+    return _inserted(
+        program, start, v, last, _prefetch_step(problem, program, v, last, reader, lead)
+    )
+
+
+def _placement(
+    problem: Problem, program: Sequence[Instruction], start: int, v: int
+) -> tuple[int, int] | None:
+    """(v's last forward use, its first backward reader) in `program`; None when the backward
     never reads v."""
     ops = problem.graph.ops
     last = max(
@@ -113,14 +180,28 @@ def with_transfer(
         ),
         None,
     )
-    if reader is None:
-        return None
+    return None if reader is None else (last, reader)
+
+
+def _prefetch_step(
+    problem: Problem, program: Sequence[Instruction], v: int, last: int, reader: int, lead: float
+) -> int:
+    """The step v's prefetch goes before: the compute from there to `reader` covers its copy
+    back times `lead`, or right after `last` when it cannot."""
+    ops = problem.graph.ops
     need = lead * problem.graph.values[v].nbytes / problem.link.h2d
     at, covered = reader, 0.0
     while at > last + 1 and covered < need:
         at -= 1
         if program[at][0] == RUN:
             covered += ops[program[at][1]].time
-    out = program[: last + 1] + [(OFFLOAD, v)] + program[last + 1 : at]
-    out += [(PREFETCH, v)] + program[at:]
+    return at
+
+
+def _inserted(
+    program: Sequence[Instruction], start: int, v: int, last: int, at: int
+) -> tuple[list[Instruction], int]:
+    """`program` with `offload v` after step `last` and `prefetch v` before step `at`."""
+    out = list(program[: last + 1]) + [(OFFLOAD, v)] + list(program[last + 1 : at])
+    out += [(PREFETCH, v)] + list(program[at:])
     return out, start + 1 + (at <= start)
