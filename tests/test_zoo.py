@@ -104,21 +104,24 @@ def _eager(case: ZooCase, start: dict) -> Eager:
     return Eager(loss, grads, state, torch.get_rng_state())
 
 
-def _run_exactly(case: ZooCase, start: dict, plan: core.Plan, eager: Eager, **apply) -> int:
-    """Run `plan` from the starting state (apply_plan's keywords: `apply`) and hold it to
-    eager's step bit for bit and to its predicted peak; returns the planned module's measured
-    host peak."""
-    case.model.load_state_dict(start)
+def _run_exactly(
+    case: ZooCase, start: dict, plan: core.Plan, eager: Eager, steps: int = 1, **apply
+) -> int:
+    """Run `plan` (apply_plan's keywords: `apply`) for `steps` steps of one planned module,
+    each from the starting state, and hold each to eager's step bit for bit and to its
+    predicted peak; returns the planned module's measured host peak (the last step's)."""
     run = core.apply_plan(case.model, plan, **apply)
-    peak, loss, grads = _step(case, run)
-    assert torch.equal(loss, eager.loss), plan.method
-    assert grads.keys() == eager.grads.keys()
-    for key, want in eager.grads.items():  # bit-identical: the same ops in the same order
-        assert torch.equal(grads[key], want), (plan.method, key)
-    for key, value in case.model.state_dict().items():
-        assert torch.equal(value, eager.state[key]), key
-    assert torch.equal(torch.get_rng_state(), eager.rng)
-    assert peak == plan.predicted_peak + SEED_BYTES, plan.method
+    for _ in range(steps):
+        case.model.load_state_dict(start)
+        peak, loss, grads = _step(case, run)
+        assert torch.equal(loss, eager.loss), plan.method
+        assert grads.keys() == eager.grads.keys()
+        for key, want in eager.grads.items():  # bit-identical: the same ops in the same order
+            assert torch.equal(grads[key], want), (plan.method, key)
+        for key, value in case.model.state_dict().items():
+            assert torch.equal(value, eager.state[key]), key
+        assert torch.equal(torch.get_rng_state(), eager.rng)
+        assert peak == plan.predicted_peak + SEED_BYTES, plan.method
     return run.host_peak
 
 
@@ -146,7 +149,8 @@ def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
     """The offload solver's plan, and POFO's (its own offloads, or offloads forced on top of
     its recomputation), at a budget where they offload: bit-identical to eager's step, device
     peak = predicted + 4 bytes, host bytes = predicted; saved, loaded into a fresh trace of
-    the model (with the loss_fn again) and run again, exactly the same."""
+    the model (with the loss_fn again) and run again, exactly the same. Two steps of one
+    planned module: the second reuses the first's host pool."""
     name, case, problem, start = zoo
     eager = _eager(case, start)
     offload = core.solve(problem, OFFLOAD_BUDGETS[name], method="offload")
@@ -161,21 +165,20 @@ def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
             graph_meta=pofo.graph_meta,
             notes=[f"{FORCED} offloads forced on top of POFO's plan"],
         )
-    hosts = []
     for plan in (offload, pofo):
         sim = check_program(plan, problem)
         assert _offloaded_bytes(plan) > 0 and sim.host_peak > 0, plan.method
         assert plan.predicted_peak <= plan.budget, plan.method
-        assert _run_exactly(case, start, plan, eager) == plan.predicted_host_bytes == sim.host_peak
-        hosts.append(sim.host_peak)
+        host = _run_exactly(case, start, plan, eager, steps=2)  # the host pool used again
+        assert host == plan.predicted_host_bytes == sim.host_peak
         plan.save(tmp_path / f"{plan.method}.pkl")
     # as in another process: the first file is bound to a new trace of the model (the loss_fn
     # given again), the second to that same trace (one more trace would only cost time)
     first = core.load_plan(tmp_path / f"{offload.method}.pkl")
-    assert _run_exactly(case, start, first, eager, loss_fn=case.loss_fn) == hosts[0]
-    assert first.attached_problem() is not problem
+    host = _run_exactly(case, start, first, eager, loss_fn=case.loss_fn)
+    assert first.attached_problem() is not problem and host == offload.predicted_host_bytes
     second = core.load_plan(tmp_path / f"{pofo.method}.pkl").attach(first.attached_problem())
-    assert _run_exactly(case, start, second, eager) == hosts[1]
+    assert _run_exactly(case, start, second, eager) == pofo.predicted_host_bytes
     for loaded, plan in ((first, offload), (second, pofo)):
         assert (loaded.program, loaded.predicted_peak) == (plan.program, plan.predicted_peak)
 
