@@ -1,17 +1,18 @@
 """Models nobody here wrote (sample_models/hf_zoo.py), called as users call them: keyword
-inputs, the loss computed outside the model. Plans must be exact: gradients, loss and random
-stream equal eager's bit for bit, measured peak = predicted + 4 bytes (the scalar seed of
-backward)."""
+inputs, the loss computed outside the model. Plans must be exact, recomputing or offloading:
+gradients, loss, buffers and random stream equal eager's bit for bit, measured peak =
+predicted + 4 bytes (the scalar seed of backward), host bytes = predicted."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import SEED_BYTES
+from helpers import SEED_BYTES, forced
 
 import bench.solvers
 import core
@@ -20,7 +21,34 @@ from bench import MissingExtra
 from bench.solvers import zoo_builders, zoo_rows, zoo_table
 from core.errors import PlanMismatch
 from core.memory import StorageTracker, step_tensors
+from core.simulator import OFFLOAD
+from core.validate import check_program
 from sample_models.hf_zoo import ZOO, ZooCase, gpt2_meta
+
+# Budgets (fractions of store-all) where each zoo model's plans offload, found by trying
+# (estimated cpu costs, its 17.5 GB/s link): the offload solver's near its minimum, POFO's
+# where its table offloads a checkpoint (bert, t5) or, where it never does on these 2-layer
+# chains, well below store-all, with offloads forced on top of its recomputation.
+OFFLOAD_BUDGETS = {
+    "hf-bert": 0.6,
+    "hf-gpt2": 0.6,
+    "hf-llama": 0.5,
+    "hf-mixtral": 0.4,
+    "hf-resnet": 0.9,
+    "hf-t5": 0.4,
+    "hf-vit": 0.7,
+}
+POFO_BUDGETS = {
+    "hf-bert": 0.6,
+    "hf-gpt2": 0.6,
+    "hf-llama": 0.6,
+    "hf-mixtral": 0.5,
+    "hf-resnet": 0.8,
+    "hf-t5": 0.6,
+    "hf-vit": 0.7,
+}
+POFO_OFFLOADS = {"hf-bert", "hf-t5"}  # where POFO's own table offloads at its budget
+FORCED = 2  # offloads added to POFO's plan elsewhere
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +60,15 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=sorted(ZOO))
+def zoo(request) -> tuple[str, ZooCase, core.Problem, dict]:
+    """Each zoo model analysed once for this module's tests: name, case, problem and its
+    starting state (parameters and buffers)."""
+    case = ZOO[request.param]()
+    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
+    return request.param, case, problem, {k: v.clone() for k, v in case.model.state_dict().items()}
 
 
 def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, dict]:
@@ -50,15 +87,48 @@ def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, di
     return tracker.peak, loss.detach(), grads
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
-def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(name):
-    case = ZOO[name]()
-    problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
-    start = {k: v.clone() for k, v in case.model.state_dict().items()}
-    _, eager_loss, eager_grads = _step(case)
-    eager_state = {k: v.clone() for k, v in case.model.state_dict().items()}
-    eager_rng = torch.get_rng_state()
-    assert eager_grads, "the model has trainable parameters that get gradients"
+@dataclass
+class Eager:
+    """What one eager step from the starting state gives: the reference a plan must equal."""
+
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]  # parameters and buffers after the step
+    rng: torch.Tensor  # the random stream after the step
+
+
+def _eager(case: ZooCase, start: dict) -> Eager:
+    case.model.load_state_dict(start)
+    _, loss, grads = _step(case)
+    state = {k: v.clone() for k, v in case.model.state_dict().items()}
+    return Eager(loss, grads, state, torch.get_rng_state())
+
+
+def _run_exactly(
+    case: ZooCase, start: dict, plan: core.Plan, eager: Eager, steps: int = 1, **apply
+) -> int:
+    """Run `plan` (apply_plan's keywords: `apply`) for `steps` steps of one planned module,
+    each from the starting state, and hold each to eager's step bit for bit and to its
+    predicted peak; returns the planned module's measured host peak (the last step's)."""
+    run = core.apply_plan(case.model, plan, **apply)
+    for _ in range(steps):
+        case.model.load_state_dict(start)
+        peak, loss, grads = _step(case, run)
+        assert torch.equal(loss, eager.loss), plan.method
+        assert grads.keys() == eager.grads.keys()
+        for key, want in eager.grads.items():  # bit-identical: the same ops in the same order
+            assert torch.equal(grads[key], want), (plan.method, key)
+        for key, value in case.model.state_dict().items():
+            assert torch.equal(value, eager.state[key]), key
+        assert torch.equal(torch.get_rng_state(), eager.rng)
+        assert peak == plan.predicted_peak + SEED_BYTES, plan.method
+    return run.host_peak
+
+
+def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(zoo):
+    _, case, problem, start = zoo
+    eager = _eager(case, start)
+    assert eager.grads, "the model has trainable parameters that get gradients"
     # one block per repeated layer at least, the layers grouped into shared kinds
     assert len(problem.blocks) >= case.layers
     assert len({b.kind for b in problem.blocks}) < len(problem.blocks)
@@ -67,16 +137,50 @@ def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(name):
     plans.append(core.solve(problem, between, method="rockmate"))
     assert plans[0].recomputed_ops > 0
     for plan in plans:
-        case.model.load_state_dict(start)
-        peak, loss, grads = _step(case, core.apply_plan(case.model, plan))
-        assert torch.equal(loss, eager_loss), plan.method
-        assert grads.keys() == eager_grads.keys()
-        for key, want in eager_grads.items():  # bit-identical: the same ops in the same order
-            assert torch.equal(grads[key], want), (plan.method, key)
-        for key, value in case.model.state_dict().items():
-            assert torch.equal(value, eager_state[key]), key
-        assert torch.equal(torch.get_rng_state(), eager_rng)
-        assert peak == plan.predicted_peak + 4, plan.method
+        assert _run_exactly(case, start, plan, eager) == 0
+
+
+def _offloaded_bytes(plan: core.Plan) -> int:
+    values = plan.attached_problem().graph.values
+    return sum(values[v].nbytes for kind, v in plan.program if kind == OFFLOAD)
+
+
+def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
+    """The offload solver's plan, and POFO's (its own offloads, or offloads forced on top of
+    its recomputation), at a budget where they offload: bit-identical to eager's step, device
+    peak = predicted + 4 bytes, host bytes = predicted; saved, loaded into a fresh trace of
+    the model (with the loss_fn again) and run again, exactly the same. Two steps of one
+    planned module: the second reuses the first's host pool."""
+    name, case, problem, start = zoo
+    eager = _eager(case, start)
+    offload = core.solve(problem, OFFLOAD_BUDGETS[name], method="offload")
+    pofo = core.solve(problem, POFO_BUDGETS[name], method="pofo")
+    if name in POFO_OFFLOADS:
+        assert _offloaded_bytes(pofo) > 0, "POFO's table offloads a checkpoint here"
+    else:  # POFO's plan with offloads: its method, budget and graph for the plan file
+        pofo = replace(
+            forced(problem, pofo, FORCED),
+            method="pofo",
+            budget=pofo.budget,
+            graph_meta=pofo.graph_meta,
+            notes=[f"{FORCED} offloads forced on top of POFO's plan"],
+        )
+    for plan in (offload, pofo):
+        sim = check_program(plan, problem)
+        assert _offloaded_bytes(plan) > 0 and sim.host_peak > 0, plan.method
+        assert plan.predicted_peak <= plan.budget, plan.method
+        host = _run_exactly(case, start, plan, eager, steps=2)  # the host pool used again
+        assert host == plan.predicted_host_bytes == sim.host_peak
+        plan.save(tmp_path / f"{plan.method}.pkl")
+    # as in another process: the first file is bound to a new trace of the model (the loss_fn
+    # given again), the second to that same trace (one more trace would only cost time)
+    first = core.load_plan(tmp_path / f"{offload.method}.pkl")
+    host = _run_exactly(case, start, first, eager, loss_fn=case.loss_fn)
+    assert first.attached_problem() is not problem and host == offload.predicted_host_bytes
+    second = core.load_plan(tmp_path / f"{pofo.method}.pkl").attach(first.attached_problem())
+    assert _run_exactly(case, start, second, eager) == pofo.predicted_host_bytes
+    for loaded, plan in ((first, offload), (second, pofo)):
+        assert (loaded.program, loaded.predicted_peak) == (plan.program, plan.predicted_peak)
 
 
 def test_zoo_model_in_eval_mode_and_a_wrong_call():
