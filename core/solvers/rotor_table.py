@@ -67,24 +67,24 @@ class ChainBlock:
 
 @dataclass
 class Table:
-    """Rotor's table over sub-chains and memory slots, indexed [s, t] (t >= s) then by slots."""
+    """Rotor's table, indexed [t - s][s, m]: sub-chain s..t with m slots free."""
 
     slot: int  # bytes per slot
-    cost: np.ndarray  # [s, t, m]: least time with m slots
-    what: np.ndarray  # [s, t, m]: choice, an option index or _LEAF + j (-1: infeasible)
-    free_what: np.ndarray  # [s, t, m], input counted: an option or _KEEP_INPUT
+    cost: list[np.ndarray]  # least time, the sub-chain's input kept by the caller
+    what: list[np.ndarray]  # its choice: an option index or _LEAF + j (-1: infeasible)
+    free_what: list[np.ndarray]  # the choice with the input counted: an option or _KEEP_INPUT
     out: list[int]  # slots of each block's output
 
     def best(self, slots: int) -> float:
-        arr = self.cost[0, -1]
+        arr = self.cost[-1][0]
         return float(arr[min(slots, len(arr) - 1)]) if slots >= 0 else float("inf")
 
     @property
     def max_slots(self) -> int:
-        return self.cost.shape[2] - 1
+        return self.cost[0].shape[1] - 1
 
     def min_slots(self) -> int | None:
-        finite = np.flatnonzero(np.isfinite(self.cost[0, -1]))
+        finite = np.flatnonzero(np.isfinite(self.cost[-1][0]))
         return int(finite[0]) if len(finite) else None
 
 
@@ -97,8 +97,9 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     input). A checkpointed sub-chain, or one after an option that does not read its output,
     is solved with `free`.
 
-    The sub-chains of one length are filled at once (arrays over s), each from shorter ones:
-    every entry is the same sum, compared in the same order, as one sub-chain at a time.
+    The sub-chains of one length are filled at once (arrays over s), from shorter ones, one
+    split point after another: every entry is the same sum, compared in the same order, as
+    when filled one sub-chain at a time.
     """
     slot = max(1, -(-max_bytes // slots))
     n = len(blocks)
@@ -113,18 +114,17 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
     fwd_peak = np.array([q(b.forward_peak) for b in blocks], dtype=np.int64)
     options = _option_arrays(blocks, q, out)
-    m = np.arange(slots + 1)
     width = slots + 1
-    # Costs read m - k slots for a shift k (the slots something else holds), infinite below
-    # 0: each row starts with `pad` infinite entries, and a shifted row is a window of them.
-    shifts = [int(perm[-1]), max(out), *(int(o.kept.max()) for o in options)]
-    pad = min(width, max(shifts))
-    keep = np.full((n, n, pad + width), np.inf)
-    free = np.full((n, n, pad + width), np.inf)
-    keep_what = np.full((n, n, width), -1, dtype=np.int64)
-    free_what = np.full((n, n, width), -1, dtype=np.int64)
-    keep_win = np.lib.stride_tricks.sliding_window_view(keep, width, axis=2)
-    free_win = np.lib.stride_tricks.sliding_window_view(free, width, axis=2)
+    m = np.arange(width)
+    # Costs are read at m - k slots for a shift k (what something else holds), infinite below
+    # 0: each row starts with `pad` infinite entries, and a shifted row is a window of it.
+    pad = min(width, max(int(perm[-1]), max(out), *(int(o.kept.max()) for o in options)))
+    keep = [np.full((n - d, pad + width), np.inf) for d in range(n)]  # [d][s]: s..s+d
+    free = [np.full((n - d, pad + width), np.inf) for d in range(n)]
+    keep_what = [np.full((n - d, width), -1, dtype=np.int32) for d in range(n)]
+    free_what = [np.full((n - d, width), -1, dtype=np.int32) for d in range(n)]
+    keep_win = [np.lib.stride_tricks.sliding_window_view(a, width, axis=1) for a in keep]
+    free_win = [np.lib.stride_tricks.sliding_window_view(a, width, axis=1) for a in free]
 
     def start(k: np.ndarray) -> np.ndarray:
         """Window start of rows shifted by k slots (k >= width: all infinite)."""
@@ -134,10 +134,8 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
         s = np.arange(n - d)
         t = s + d
         inp = np.where(s > 0, out_arr[s - 1], 0)
-        k_best = np.full((n - d, width), np.inf)
-        k_what = np.full((n - d, width), -1, dtype=np.int64)
-        f_best = np.full((n - d, width), np.inf)
-        f_what = np.full((n - d, width), -1, dtype=np.int64)
+        k_best, k_what = keep[d][:, pad:], keep_what[d]  # views: filled here
+        f_best, f_what = free[d][:, pad:], free_what[d]
         after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
         for i, o in enumerate(options):
             rows = np.flatnonzero(o.present[: n - d])
@@ -155,8 +153,8 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
             else:  # the output stays until this backward (kept) or may go once unused (free)
                 rest = np.where(
                     o.reads_output[rs, None],
-                    keep_win[rs + 1, rt, start(o.kept[rs])],
-                    free_win[rs + 1, rt, start(o.kept[rs])],
+                    keep_win[d - 1][rs + 1, start(o.kept[rs])],
+                    free_win[d - 1][rs + 1, start(o.kept[rs])],
                 )
             val = (fwd_time + o.backward_time[rs])[:, None] + rest
             fits = m >= bwd_need[:, None]
@@ -166,21 +164,25 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
             ok = fits[drops] & (m >= (inp[rows] + fwd_need)[drops, None])
             _better(f_best, f_what, rows[drops], np.where(ok, val[drops], np.inf), i)
         if d:  # splits: blocks s..j-1 forward keeping only their outputs, j..t first
-            js = s[:, None] + np.arange(1, d + 1)[None, :]
-            ran = js - 1  # each block ran runs forward keeping nothing but its output
-            before = np.where(ran > s[:, None], out_arr[ran - 1], 0)
-            need = np.maximum.accumulate(grad[t + 1, None] + before + fwd_peak[ran], axis=1)
-            held = keep_win[s[:, None], ran, start(perm[t + 1, None] - perm[js])]
-            val = (fwd_t[js] - fwd_t[s, None])[:, :, None] + free[js, t[:, None], pad:] + held
-            val[m[None, None, :] < need[:, :, None]] = np.inf
-            first = np.argmin(val, axis=1)  # the first split reaching the least, as in order
-            least = np.take_along_axis(val, first[:, None, :], axis=1)[:, 0, :]
-            _better(k_best, k_what, s, least, _LEAF + s[:, None] + 1 + first)
-        keep[s, t, pad:], keep_what[s, t] = k_best, k_what
+            least = np.full((n - d, width), np.inf)
+            first = np.zeros((n - d, width), dtype=np.int64)
+            cand, wins = np.empty((n - d, width)), np.empty((n - d, width), dtype=bool)
+            need = np.full(n - d, np.iinfo(np.int64).min)
+            for k in range(1, d + 1):  # j = s + k; on a tie the first split stays
+                ran = s + k - 1  # blocks s..j-1 ran forward keeping nothing but their outputs
+                before = out_arr[ran - 1] if k > 1 else 0
+                need = np.maximum(need, grad[t + 1] + before + fwd_peak[ran])
+                forward = (fwd_t[s + k] - fwd_t[s])[:, None]
+                np.add(forward, free[d - k][k : k + n - d, pad:], out=cand)  # free(j, t)
+                cand += keep_win[k - 1][s, start(perm[t + 1] - perm[s + k])]  # keep(s, j-1)
+                np.copyto(cand, np.inf, where=m < need[:, None])
+                np.less(cand, least, out=wins)
+                np.copyto(least, cand, where=wins)
+                np.copyto(first, k, where=wins)
+            _better(k_best, k_what, s, least, _LEAF + s[:, None] + first)
         # with its input counted, a sub-chain either drops it early or keeps it throughout
-        _better(f_best, f_what, s, keep_win[s, t, start(inp)], _KEEP_INPUT)
-        free[s, t, pad:], free_what[s, t] = f_best, f_what
-    return Table(slot, keep[:, :, pad:], keep_what, free_what, out)
+        _better(f_best, f_what, s, keep_win[d][s, start(inp)], _KEEP_INPUT)
+    return Table(slot, [a[:, pad:] for a in keep], keep_what, free_what, out)
 
 
 def _better(best: np.ndarray, what: np.ndarray, rows: np.ndarray, val: np.ndarray, choice) -> None:
@@ -257,7 +259,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     def keep(s: int, t: int, m: int) -> None:
         """Sub-chain s..t whose input the caller keeps (outside m)."""
-        c = int(table.what[(s, t)][m])
+        c = int(table.what[t - s][s, m])
         if c < 0:
             raise ValueError("infeasible sub-chain")
         if c >= _LEAF:
@@ -271,7 +273,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     def free(s: int, t: int, m: int) -> None:
         """Sub-chain s..t whose input is counted in m and may be dropped when unused."""
-        c = int(table.free_what[(s, t)][m])
+        c = int(table.free_what[t - s][s, m])
         if c == _KEEP_INPUT:
             keep(s, t, m - (table.out[s - 1] if s > 0 else 0))
         elif c < 0:
@@ -279,7 +281,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
         else:
             option(s, t, m, c)
 
-    keep(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
+    keep(0, len(blocks) - 1, min(slots, table.max_slots))
     return out
 
 
