@@ -167,15 +167,20 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
             least = np.full((n - d, width), np.inf)
             first = np.zeros((n - d, width), dtype=np.int64)
             cand, wins = np.empty((n - d, width)), np.empty((n - d, width), dtype=bool)
-            need = np.full(n - d, np.iinfo(np.int64).min)
-            for k in range(1, d + 1):  # j = s + k; on a tie the first split stays
-                ran = s + k - 1  # blocks s..j-1 ran forward keeping nothing but their outputs
-                before = out_arr[ran - 1] if k > 1 else 0
-                need = np.maximum(need, grad[t + 1] + before + fwd_peak[ran])
-                forward = (fwd_t[s + k] - fwd_t[s])[:, None]
-                np.add(forward, free[d - k][k : k + n - d, pad:], out=cand)  # free(j, t)
-                cand += keep_win[k - 1][s, start(perm[t + 1] - perm[s + k])]  # keep(s, j-1)
-                np.copyto(cand, np.inf, where=m < need[:, None])
+            # [k - 1, s] for split j = s + k: blocks s..j-1 ran forward keeping nothing but
+            # their outputs, the memory that needs; their time; where keep(s, j-1) is read
+            ks = np.arange(1, d + 1)[:, None]
+            ran = s + ks - 1
+            before = np.where(ks > 1, out_arr[ran - 1], 0)
+            need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[ran], axis=0)
+            forward = (fwd_t[s + ks] - fwd_t[s])[:, :, None]
+            at = start(perm[t + 1] - perm[s + ks])
+            for k in range(1, d + 1):  # on a tie the first split stays
+                np.add(forward[k - 1], free[d - k][k : k + n - d, pad:], out=cand)  # free(j, t)
+                cand += keep_win[k - 1][s, at[k - 1]]  # keep(s, j-1)
+                low = int(need[k - 1].max())  # columns where some split's forward does not fit
+                if low > 0:
+                    np.copyto(cand[:, :low], np.inf, where=m[:low] < need[k - 1, :, None])
                 np.less(cand, least, out=wins)
                 np.copyto(least, cand, where=wins)
                 np.copyto(first, k, where=wins)
