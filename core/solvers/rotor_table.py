@@ -101,6 +101,8 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     split point after another: every entry is the same sum, compared in the same order, as
     when filled one sub-chain at a time.
     """
+    if not blocks:
+        raise ValueError("Rotor's table needs a chain of at least one block")
     slot = max(1, -(-max_bytes // slots))
     n = len(blocks)
 
@@ -190,7 +192,9 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     return Table(slot, [a[:, pad:] for a in keep], keep_what, free_what, out)
 
 
-def _better(best: np.ndarray, what: np.ndarray, rows: np.ndarray, val: np.ndarray, choice) -> None:
+def _better(
+    best: np.ndarray, what: np.ndarray, rows: np.ndarray, val: np.ndarray, choice: int | np.ndarray
+) -> None:
     """Where `val` beats `best[rows]` (strictly: on a tie the earlier choice stays), take it."""
     mask = val < best[rows]
     best[rows] = np.where(mask, val, best[rows])
