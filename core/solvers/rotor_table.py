@@ -21,6 +21,7 @@ table never claims less time than its schedule takes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,27 +67,24 @@ class ChainBlock:
 
 @dataclass
 class Table:
-    """Rotor's table over sub-chains and memory slots."""
+    """Rotor's table, indexed [t - s][s, m]: sub-chain s..t with m slots free."""
 
     slot: int  # bytes per slot
-    cost: dict[tuple[int, int], np.ndarray]  # (s, t) -> least time for each number of slots
-    what: dict[tuple[int, int], np.ndarray]  # choice: option index, or _LEAF + j
-    free_what: dict[tuple[int, int], np.ndarray]  # input counted: option, or _KEEP_INPUT
+    cost: list[np.ndarray]  # least time, the sub-chain's input kept by the caller
+    what: list[np.ndarray]  # its choice: an option index or _LEAF + j (-1: infeasible)
+    free_what: list[np.ndarray]  # the choice with the input counted: an option or _KEEP_INPUT
     out: list[int]  # slots of each block's output
 
     def best(self, slots: int) -> float:
-        n = max(s for s, _ in self.cost) + 1
-        arr = self.cost[(0, n - 1)]
+        arr = self.cost[-1][0]
         return float(arr[min(slots, len(arr) - 1)]) if slots >= 0 else float("inf")
 
     @property
     def max_slots(self) -> int:
-        n = max(s for s, _ in self.cost) + 1
-        return len(self.cost[(0, n - 1)]) - 1
+        return self.cost[0].shape[1] - 1
 
     def min_slots(self) -> int | None:
-        n = max(s for s, _ in self.cost) + 1
-        finite = np.flatnonzero(np.isfinite(self.cost[(0, n - 1)]))
+        finite = np.flatnonzero(np.isfinite(self.cost[-1][0]))
         return int(finite[0]) if len(finite) else None
 
 
@@ -98,7 +96,13 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
     option of the sub-chain still needs it (a ReLU's backward reads its output, not its
     input). A checkpointed sub-chain, or one after an option that does not read its output,
     is solved with `free`.
+
+    The sub-chains of one length are filled at once (arrays over s), from shorter ones, one
+    split point after another: every entry is the same sum, compared in the same order, as
+    when filled one sub-chain at a time.
     """
+    if not blocks:
+        raise ValueError("Rotor's table needs a chain of at least one block")
     slot = max(1, -(-max_bytes // slots))
     n = len(blocks)
 
@@ -106,78 +110,145 @@ def compute_table(blocks: list[ChainBlock], max_bytes: int, slots: int = SLOTS) 
         return -(-b // slot)
 
     out = [q(b.output) for b in blocks]
-    grad = [q(b.grad) for b in blocks] + [0]
+    out_arr = np.array(out + [0], dtype=np.int64)
+    grad = np.array([q(b.grad) for b in blocks] + [0], dtype=np.int64)
     perm = np.cumsum([0] + [q(b.permanent) for b in blocks])  # P(s..t) = perm[t+1] - perm[s]
     fwd_t = np.cumsum([0.0] + [b.forward_time for b in blocks])
-    out_arr = np.array(out + [0], dtype=np.int64)
     fwd_peak = np.array([q(b.forward_peak) for b in blocks], dtype=np.int64)
-    m = np.arange(slots + 1)
-    inf = np.inf
-    # C(s, t, m) for every sub-chain, as arrays so that a sub-chain's splits are read at once
-    keep_arr = np.full((n, n, slots + 1), inf)
-    free_arr = np.full((n, n, slots + 1), inf)
-    keep_cost: dict[tuple[int, int], np.ndarray] = {}
-    keep_what: dict[tuple[int, int], np.ndarray] = {}
-    free_cost: dict[tuple[int, int], np.ndarray] = {}
-    free_what: dict[tuple[int, int], np.ndarray] = {}
+    options = _option_arrays(blocks, q, out)
+    width = slots + 1
+    m = np.arange(width)
+    # Costs are read at m - k slots for a shift k (what something else holds), infinite below
+    # 0: each row starts with `pad` infinite entries, and a shifted row is a window of it.
+    pad = min(width, max(int(perm[-1]), max(out), *(int(o.kept.max()) for o in options)))
+    keep = [np.full((n - d, pad + width), np.inf) for d in range(n)]  # [d][s]: s..s+d
+    free = [np.full((n - d, pad + width), np.inf) for d in range(n)]
+    keep_what = [np.full((n - d, width), -1, dtype=np.int32) for d in range(n)]
+    free_what = [np.full((n - d, width), -1, dtype=np.int32) for d in range(n)]
+    keep_win = [np.lib.stride_tricks.sliding_window_view(a, width, axis=1) for a in keep]
+    free_win = [np.lib.stride_tricks.sliding_window_view(a, width, axis=1) for a in free]
 
-    def shift(arr: np.ndarray, k: int) -> np.ndarray:
-        if k <= 0:
-            return arr
-        res = np.full_like(arr, inf)
-        if k < len(arr):
-            res[k:] = arr[:-k]
-        return res
-
-    def better(best, what, val, choice) -> None:
-        mask = val < best
-        best[mask] = val[mask]
-        what[mask] = choice[mask] if isinstance(choice, np.ndarray) else choice
+    def start(k: np.ndarray) -> np.ndarray:
+        """Window start of rows shifted by k slots (k >= width: all infinite)."""
+        return pad - np.minimum(k, pad)
 
     for d in range(n):
-        for s in range(n - d):
-            t = s + d
-            inp = out[s - 1] if s > 0 else 0
-            k_best, k_what = keep_arr[s, t], np.full(slots + 1, -1, dtype=np.int64)
-            f_best, f_what = free_arr[s, t], np.full(slots + 1, -1, dtype=np.int64)
-            after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
-            for i, o in enumerate(blocks[s].options):
-                kept = q(o.kept) + (out[s] if o.reads_output else 0)
-                fwd_need = grad[t + 1] + q(o.forward_peak)
-                bwd_need = grad[s + 1] + after + kept + q(o.backward_peak)
-                fwd_time = o.forward_time
-                if _skips_forward(blocks, s, t, o):
-                    fwd_need, fwd_time = 0, 0.0
-                rest: float | np.ndarray
-                if d == 0:
-                    rest = 0.0
-                elif o.reads_output:  # the output stays until this backward: keep it
-                    rest = shift(keep_cost[(s + 1, t)], out[s] + q(o.kept))
-                else:  # the sub-chain may drop the output once it is done with it
-                    rest = shift(free_cost[(s + 1, t)], q(o.kept))
-                val = fwd_time + o.backward_time + rest
-                better(k_best, k_what, np.where((m >= fwd_need) & (m >= bwd_need), val, inf), i)
-                if not o.reads_input:  # the input can go once this forward has run
-                    ok = (m >= inp + fwd_need) & (m >= bwd_need)
-                    better(f_best, f_what, np.where(ok, val, inf), i)
-            if d:  # splits: blocks s..j-1 forward keeping only their outputs, j..t first
-                js = np.arange(s + 1, t + 1)
-                ran = js - 1  # each block ran runs forward keeping nothing but its output
-                before = np.where(ran > s, out_arr[ran - 1], 0)
-                need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[ran])
-                at = m[None, :] - (perm[t + 1] - perm[js])[:, None]  # shifted keep_cost
-                held = np.take_along_axis(keep_arr[s, ran], np.maximum(at, 0), axis=1)
-                val = (
-                    (fwd_t[js] - fwd_t[s])[:, None] + free_arr[js, t] + np.where(at >= 0, held, inf)
+        s = np.arange(n - d)
+        t = s + d
+        inp = np.where(s > 0, out_arr[s - 1], 0)
+        k_best, k_what = keep[d][:, pad:], keep_what[d]  # views: filled here
+        f_best, f_what = free[d][:, pad:], free_what[d]
+        after = perm[t + 1] - perm[s + 1]  # gradients blocks s+1..t leave behind
+        for i, o in enumerate(options):
+            rows = np.flatnonzero(o.present[: n - d])
+            if not len(rows):
+                continue
+            rs, rt = s[rows], t[rows]
+            fwd_need = grad[rt + 1] + o.forward_peak[rs]
+            bwd_need = grad[rs + 1] + after[rows] + o.kept[rs] + o.backward_peak[rs]
+            fwd_time = o.forward_time[rs]
+            if d == 0:  # a one-block sub-chain that is not the last may skip its forward
+                skip = ~o.needs_forward[rs] & (rs < n - 1)
+                fwd_need = np.where(skip, 0, fwd_need)
+                fwd_time = np.where(skip, 0.0, fwd_time)
+                rest: float | np.ndarray = 0.0
+            else:  # the output stays until this backward (kept) or may go once unused (free)
+                rest = np.where(
+                    o.reads_output[rs, None],
+                    keep_win[d - 1][rs + 1, start(o.kept[rs])],
+                    free_win[d - 1][rs + 1, start(o.kept[rs])],
                 )
-                val = np.where(m[None, :] >= need[:, None], val, inf)
-                first = np.argmin(val, axis=0)  # the first split reaching the least, as in order
-                better(k_best, k_what, val[first, m], _LEAF + js[first])
-            keep_cost[(s, t)], keep_what[(s, t)] = k_best, k_what
-            # with its input counted, a sub-chain either drops it early or keeps it throughout
-            better(f_best, f_what, shift(k_best, inp), _KEEP_INPUT)
-            free_cost[(s, t)], free_what[(s, t)] = f_best, f_what
-    return Table(slot, keep_cost, keep_what, free_what, out)
+            val = (fwd_time + o.backward_time[rs])[:, None] + rest
+            fits = m >= bwd_need[:, None]
+            ok = fits & (m >= fwd_need[:, None])
+            _better(k_best, k_what, rows, np.where(ok, val, np.inf), i)
+            drops = np.flatnonzero(~o.reads_input[rs])  # the input can go after this forward
+            ok = fits[drops] & (m >= (inp[rows] + fwd_need)[drops, None])
+            _better(f_best, f_what, rows[drops], np.where(ok, val[drops], np.inf), i)
+        if d:  # splits: blocks s..j-1 forward keeping only their outputs, j..t first
+            least = np.full((n - d, width), np.inf)
+            first = np.zeros((n - d, width), dtype=np.int64)
+            cand, wins = np.empty((n - d, width)), np.empty((n - d, width), dtype=bool)
+            # [k - 1, s] for split j = s + k: blocks s..j-1 ran forward keeping nothing but
+            # their outputs, the memory that needs; their time; where keep(s, j-1) is read
+            ks = np.arange(1, d + 1)[:, None]
+            ran = s + ks - 1
+            before = np.where(ks > 1, out_arr[ran - 1], 0)
+            need = np.maximum.accumulate(grad[t + 1] + before + fwd_peak[ran], axis=0)
+            forward = (fwd_t[s + ks] - fwd_t[s])[:, :, None]
+            at = start(perm[t + 1] - perm[s + ks])
+            for k in range(1, d + 1):  # on a tie the first split stays
+                np.add(forward[k - 1], free[d - k][k : k + n - d, pad:], out=cand)  # free(j, t)
+                cand += keep_win[k - 1][s, at[k - 1]]  # keep(s, j-1)
+                low = int(need[k - 1].max())  # columns where some split's forward does not fit
+                if low > 0:
+                    np.copyto(cand[:, :low], np.inf, where=m[:low] < need[k - 1, :, None])
+                np.less(cand, least, out=wins)
+                np.copyto(least, cand, where=wins)
+                np.copyto(first, k, where=wins)
+            _better(k_best, k_what, s, least, _LEAF + s[:, None] + first)
+        # with its input counted, a sub-chain either drops it early or keeps it throughout
+        _better(f_best, f_what, s, keep_win[d][s, start(inp)], _KEEP_INPUT)
+    return Table(slot, [a[:, pad:] for a in keep], keep_what, free_what, out)
+
+
+def _better(
+    best: np.ndarray, what: np.ndarray, rows: np.ndarray, val: np.ndarray, choice: int | np.ndarray
+) -> None:
+    """Where `val` beats `best[rows]` (strictly: on a tie the earlier choice stays), take it."""
+    mask = val < best[rows]
+    best[rows] = np.where(mask, val, best[rows])
+    what[rows] = np.where(mask, choice, what[rows])
+
+
+@dataclass
+class _Options:
+    """The i-th option of every block as arrays over blocks (`present`: the block has one;
+    absent ones read zeros), memory in slots."""
+
+    present: np.ndarray
+    forward_time: np.ndarray
+    backward_time: np.ndarray
+    forward_peak: np.ndarray
+    backward_peak: np.ndarray
+    # slots the option holds while the rest of its sub-chain runs: what it keeps, and the
+    # block's output when its backward reads it
+    kept: np.ndarray
+    reads_output: np.ndarray
+    reads_input: np.ndarray
+    needs_forward: np.ndarray
+
+
+def _option_arrays(
+    blocks: list[ChainBlock], q: Callable[[int], int], out: list[int]
+) -> list[_Options]:
+    """The blocks' options by index, as arrays over blocks."""
+    found = []
+    for i in range(max(len(b.options) for b in blocks)):
+        opts = [b.options[i] if i < len(b.options) else None for b in blocks]
+        found.append(
+            _Options(
+                present=np.array([o is not None for o in opts]),
+                forward_time=_column(opts, lambda j, o: o.forward_time, np.float64),
+                backward_time=_column(opts, lambda j, o: o.backward_time, np.float64),
+                forward_peak=_column(opts, lambda j, o: q(o.forward_peak), np.int64),
+                backward_peak=_column(opts, lambda j, o: q(o.backward_peak), np.int64),
+                kept=_column(
+                    opts, lambda j, o: q(o.kept) + (out[j] if o.reads_output else 0), np.int64
+                ),
+                reads_output=_column(opts, lambda j, o: o.reads_output, bool),
+                reads_input=_column(opts, lambda j, o: o.reads_input, bool),
+                needs_forward=_column(opts, lambda j, o: o.needs_forward, bool),
+            )
+        )
+    return found
+
+
+def _column(
+    opts: list[BlockOption | None], f: Callable[[int, BlockOption], float], dtype: type
+) -> np.ndarray:
+    """f(block index, option) over blocks, 0 where a block has no such option."""
+    return np.array([0 if o is None else f(j, o) for j, o in enumerate(opts)], dtype)
 
 
 def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
@@ -197,7 +268,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     def keep(s: int, t: int, m: int) -> None:
         """Sub-chain s..t whose input the caller keeps (outside m)."""
-        c = int(table.what[(s, t)][m])
+        c = int(table.what[t - s][s, m])
         if c < 0:
             raise ValueError("infeasible sub-chain")
         if c >= _LEAF:
@@ -211,7 +282,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
 
     def free(s: int, t: int, m: int) -> None:
         """Sub-chain s..t whose input is counted in m and may be dropped when unused."""
-        c = int(table.free_what[(s, t)][m])
+        c = int(table.free_what[t - s][s, m])
         if c == _KEEP_INPUT:
             keep(s, t, m - (table.out[s - 1] if s > 0 else 0))
         elif c < 0:
@@ -219,7 +290,7 @@ def sequence(blocks: list[ChainBlock], table: Table, slots: int) -> list[tuple]:
         else:
             option(s, t, m, c)
 
-    keep(0, len(blocks) - 1, min(slots, len(table.what[(0, len(blocks) - 1)]) - 1))
+    keep(0, len(blocks) - 1, min(slots, table.max_slots))
     return out
 
 
