@@ -63,6 +63,21 @@ def test_the_whole_unet_nested_as_one_block_fits_where_the_chain_does_not():
     assert plan.predicted_peak <= whole
 
 
+def test_whole_graph_schedules_come_from_the_disk_cache_the_second_time(tmp_path, monkeypatch):
+    """The whole graph's run lists are cached on disk as block options are: a new analysis of
+    the same model reads them back (no Rotor table is built) and gets the same schedules."""
+    from core.solvers import nested
+
+    monkeypatch.setenv("REMAT_CACHE", str(tmp_path))
+    model, inputs = build("gpt-tiny")
+    first = whole_graph_schedules(core.analyze(model, inputs))
+    assert first and list(tmp_path.glob("options-whole-*.json"))
+    tables = []
+    monkeypatch.setattr(nested, "compute_table", lambda *a, **k: tables.append(a))
+    again = whole_graph_schedules(core.analyze(model, inputs))
+    assert again == first and not tables
+
+
 def test_rockmate_on_gpt_1layer_at_55_percent_is_within_5_percent_of_the_whole_graph_ilp():
     """The whole-graph ILP (30 s, HiGHS) found overhead 1.3521 here at best (1.4944-1.6148
     under load; docs/nested.md). Rockmate from the chain: 1.8126; with the 75-op graph also

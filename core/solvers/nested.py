@@ -240,14 +240,17 @@ def whole_graph_schedules(problem: Problem) -> list[WholeGraphSchedule]:
     """The whole graph nested as one block, when its forward has at most MAX_SEGMENTS ops: a
     top level that is not a chain (a U-Net's skips around every block, a head reading two
     towers) is then solved at op granularity, where Rockmate's chain keeps a block's input
-    through its whole backward. Each schedule simulated as a plan; memoised per problem."""
+    through its whole backward. Each schedule simulated as a plan; memoised per problem, and
+    the run lists cached on disk (`options.whole_graph_runs`)."""
+    from core.solvers.options import whole_graph_runs  # options imports this module
+
     graph = problem.graph
     if len(graph.forward_ops) > MAX_SEGMENTS:
         return []
     dag = graph_dag(graph)
     out = []
-    for option in nested_options(dag):
-        runs = tuple(dag.order[i] for i in option.runs)
+    for option_runs in whole_graph_runs(dag):
+        runs = tuple(dag.order[i] for i in option_runs)
         plan = plan_from_runs(problem, runs, dag.n_forward, "rockmate", 0)
         out.append(
             WholeGraphSchedule(runs, dag.n_forward, plan.predicted_peak, plan.predicted_time)

@@ -227,6 +227,19 @@ def block_options(dag: Dag) -> tuple[list[Simulated], int, str | None]:
     return [simulated(dag, list(r)) for r in computed.runs], computed.limited, computed.note
 
 
+def whole_graph_runs(dag: Dag) -> list[tuple[int, ...]]:
+    """The run lists of `nested_options` on a whole graph's DAG, cached on disk as block
+    options are: Rotor's tables over its up to MAX_SEGMENTS segments were most of a small
+    model's first solve, every time the model was analysed again."""
+    key = "whole-" + _dag_key(dag)
+    computed = _load(key)
+    if computed is None:
+        computed = _Computed([tuple(o.runs) for o in nested_options(dag)], 0, None)
+        if computed.runs:  # none: too few segments, found again at once
+            _save(key, computed)
+    return computed.runs
+
+
 def option_notes(blocks: list[ChainBlock]) -> list[str]:
     """What a plan says about its blocks' options: where block ILPs stopped at their node
     limit, and where a block's option search stopped early."""
