@@ -8,8 +8,8 @@ import core
 from core.frontier import minimum_budget
 from core.simulator import Dag, kept_bytes, simulated
 from core.solvers.keep_sets import KeepSetSearch
-from core.solvers.nested import nested_options, whole_graph_schedules
-from core.solvers.options import layout
+from core.solvers.nested import nested_options
+from core.solvers.options import layout, whole_graph_schedules
 from core.solvers.rotor import chain_minimum
 from sample_models import build
 

@@ -22,13 +22,10 @@ of run lists, and the simulation is the judge.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
-from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_from_runs
-from core.simulator import Dag, InvalidPlan, Simulated, graph_dag, simulated
+from core.simulator import Dag, InvalidPlan, Simulated, simulated
 from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, runs_of, sequence
 
 MIN_FORWARD_OPS = 24  # smaller blocks: the keep-set search and the block ILP suffice
@@ -223,45 +220,3 @@ def _peak(dag: Dag, positions: list[int], keep: set[int]) -> int:
             if v in made and last[v] == i and v not in keep:
                 live -= dag.sizes.get(v, 0)
     return peak
-
-
-@dataclass(frozen=True)
-class WholeGraphSchedule:
-    """A schedule of the whole step from `nested_options` on the graph as one block."""
-
-    runs: tuple[int, ...]  # graph op indices
-    n_forward: int
-    predicted_peak: int
-    predicted_time: float
-
-
-@per_problem
-def whole_graph_schedules(problem: Problem) -> list[WholeGraphSchedule]:
-    """The whole graph nested as one block, when its forward has at most MAX_SEGMENTS ops: a
-    top level that is not a chain (a U-Net's skips around every block, a head reading two
-    towers) is then solved at op granularity, where Rockmate's chain keeps a block's input
-    through its whole backward. Each schedule simulated as a plan; memoised per problem, and
-    the run lists cached on disk (`options.whole_graph_runs`)."""
-    from core.solvers.options import whole_graph_runs  # options imports this module
-
-    graph = problem.graph
-    if len(graph.forward_ops) > MAX_SEGMENTS:
-        return []
-    dag = graph_dag(graph)
-    out = []
-    for option_runs in whole_graph_runs(dag):
-        runs = tuple(dag.order[i] for i in option_runs)
-        plan = plan_from_runs(problem, runs, dag.n_forward, "rockmate", 0)
-        out.append(
-            WholeGraphSchedule(runs, dag.n_forward, plan.predicted_peak, plan.predicted_time)
-        )
-    return out
-
-
-def whole_graph_plan(problem: Problem, budget: int) -> Plan | None:
-    """The fastest whole-graph schedule that fits `budget`, as a plan; None if none does."""
-    fits = [s for s in whole_graph_schedules(problem) if s.predicted_peak <= budget]
-    if not fits:
-        return None
-    best = min(fits, key=lambda s: s.predicted_time)
-    return plan_from_runs(problem, best.runs, best.n_forward, "rockmate", budget)

@@ -12,7 +12,9 @@ in order) and its backward (the stage's ops with the recomputes the block ILP, t
 search or, in a block that is not a chain inside, Rotor on its inner chain (`nested`) chose). Each is simulated with `simulate_runs` under the same free-after-last-read
 rule as `plan_from_runs`, so its figures are exact for the block; options are cached per
 block shape (which covers the cost model: op times are part of it) in memory and on disk,
-keyed by a hash of the code that computes them; the chain is memoised per problem.
+keyed by a hash of the code that computes them; the chain is memoised per problem. A small
+graph nested whole as one block (`whole_graph_schedules`, Rockmate's other route) gets its
+run lists from here too, cached the same way.
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ import pulp
 
 from core import simulator
 from core.problem import Problem, per_problem
-from core.simulator import Dag, DagOp, InvalidPlan, Simulated, kept_bytes, simulate_runs, simulated
+from core.schedule import Plan, plan_from_runs
+from core.simulator import (
+    Dag,
+    DagOp,
+    InvalidPlan,
+    Simulated,
+    graph_dag,
+    kept_bytes,
+    simulate_runs,
+    simulated,
+)
 from core.solvers import checkmate, keep_sets, nested, rotor_table
 from core.solvers.checkmate import DEFAULT_SOLVER, solve_ilp
 from core.solvers.keep_sets import MAX_STATES, KeepSetSearch
-from core.solvers.nested import nested_options
+from core.solvers.nested import MAX_SEGMENTS, nested_options
 from core.solvers.rotor_table import BlockOption, ChainBlock
 
 log = logging.getLogger(__name__)
@@ -238,6 +250,46 @@ def whole_graph_runs(dag: Dag) -> list[tuple[int, ...]]:
         if computed.runs:  # none: too few segments, found again at once
             _save(key, computed)
     return computed.runs
+
+
+@dataclass(frozen=True)
+class WholeGraphSchedule:
+    """A schedule of the whole step from `nested_options` on the graph as one block."""
+
+    runs: tuple[int, ...]  # graph op indices
+    n_forward: int
+    predicted_peak: int
+    predicted_time: float
+
+
+@per_problem
+def whole_graph_schedules(problem: Problem) -> list[WholeGraphSchedule]:
+    """The whole graph nested as one block, when its forward has at most MAX_SEGMENTS ops: a
+    top level that is not a chain (a U-Net's skips around every block, a head reading two
+    towers) is then solved at op granularity, where Rockmate's chain keeps a block's input
+    through its whole backward. Each schedule simulated as a plan; memoised per problem, and
+    the run lists cached on disk (`whole_graph_runs`)."""
+    graph = problem.graph
+    if len(graph.forward_ops) > MAX_SEGMENTS:
+        return []
+    dag = graph_dag(graph)
+    out = []
+    for option_runs in whole_graph_runs(dag):
+        runs = tuple(dag.order[i] for i in option_runs)
+        plan = plan_from_runs(problem, runs, dag.n_forward, "rockmate", 0)
+        out.append(
+            WholeGraphSchedule(runs, dag.n_forward, plan.predicted_peak, plan.predicted_time)
+        )
+    return out
+
+
+def whole_graph_plan(problem: Problem, budget: int) -> Plan | None:
+    """The fastest whole-graph schedule that fits `budget`, as a plan; None if none does."""
+    fits = [s for s in whole_graph_schedules(problem) if s.predicted_peak <= budget]
+    if not fits:
+        return None
+    best = min(fits, key=lambda s: s.predicted_time)
+    return plan_from_runs(problem, best.runs, best.n_forward, "rockmate", budget)
 
 
 def option_notes(blocks: list[ChainBlock]) -> list[str]:

@@ -12,8 +12,7 @@ from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
 from core.schedule import Plan
 from core.solvers.checkmate import DEFAULT_SOLVER, whole_graph_ilp
-from core.solvers.nested import whole_graph_plan, whole_graph_schedules
-from core.solvers.options import chain, option_notes
+from core.solvers.options import chain, option_notes, whole_graph_plan, whole_graph_schedules
 from core.solvers.rotor import chain_minimum, chain_plan
 
 # The whole-graph ILP on a small graph, stopped at WHOLE_GRAPH_NODES branch-and-bound nodes
