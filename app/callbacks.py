@@ -343,9 +343,9 @@ def _graph(app: Dash, studio: Studio) -> None:
     )
     def hover_op(node, plan_ref):
         """Name the op under the mouse: ATen op, bytes it allocates, what the plan does."""
-        plan, problem = _plan(studio, plan_ref)
-        if not node or node.get("op") is None or problem is None:
+        if not node or node.get("op") is None:
             raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         graph = problem.graph
         op = graph.ops[int(node["op"])]
         fate = next((f for f, ops in op_fates(problem, plan).items() if op.index in ops), "")
@@ -363,16 +363,13 @@ def _graph(app: Dash, studio: Studio) -> None:
     def open_block(node, plan_ref):
         if not node:
             raise PreventUpdate
-        plan, problem = _plan(studio, plan_ref)
-        if problem is None:
-            raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         if node.get("block") is None:
             raise PreventUpdate
         block = problem.blocks[int(node["block"])]
         fate_of = {}
-        if plan is not None:
-            for fate, ops in op_fates(problem, plan).items():
-                fate_of.update(dict.fromkeys(ops, fate))
+        for fate, ops in op_fates(problem, plan).items():
+            fate_of.update(dict.fromkeys(ops, fate))
         graph = problem.graph
         same = [b.index for b in problem.blocks if b.kind == block.kind]
 
@@ -414,9 +411,7 @@ def _memory(app: Dash, studio: Studio) -> None:
         prevent_initial_call=True,
     )
     def move_marker(step, plan_ref):
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         patch = Patch()
         _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
         height = max(plan.predicted_peak, plan_ref["budget"]) / size
@@ -431,9 +426,7 @@ def _memory(app: Dash, studio: Studio) -> None:
     def draw_tensors(plan_ref):
         """The per-tensor view of the plan on screen (a request of its own, off the slider's
         timeline paint)."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
         return figures.tensor_figure(
             rows,
@@ -449,9 +442,7 @@ def _memory(app: Dash, studio: Studio) -> None:
     )
     def draw_transfers(plan_ref):
         """The transfer lane of the plan on screen: copies and compute stalls over time."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         sim, values = plan.simulate(), problem.graph.values
         return figures.transfer_figure(
             sim.transfers,
@@ -468,9 +459,7 @@ def _memory(app: Dash, studio: Studio) -> None:
     )
     def draw_arena(plan_ref):
         """The address-by-time view of the plan on screen (`core.layout.arena`)."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, problem = _shown(studio, plan_ref)
         return arena_figure(arena(plan), problem.graph, plan.backward_start)
 
     @app.callback(
@@ -517,9 +506,7 @@ def _memory(app: Dash, studio: Studio) -> None:
     )
     def measure_here(_clicks, plan_ref):
         """Run the plan's real step here under the storage tracker (in the background)."""
-        plan, _ = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, _ = _shown(studio, plan_ref)
         try:
             call = studio.builders[plan_ref["key"].split("|")[0]]()
             with studio_lock():
@@ -538,8 +525,8 @@ def _memory(app: Dash, studio: Studio) -> None:
     )
     def draw_measured(measured, plan_ref):
         """Overlay the measured live bytes on the predicted timeline of the same plan."""
-        plan, problem = _plan(studio, plan_ref)
-        if plan is None or not measured or measured["plan"] != plan_ref:
+        plan, problem = _shown(studio, plan_ref)
+        if not measured or measured["plan"] != plan_ref:
             raise PreventUpdate  # another plan is on screen now
         if measured["error"]:
             return no_update, f"Could not run the step: {measured['error']}"
@@ -576,9 +563,7 @@ def _step_through(app: Dash, studio: Studio) -> None:
     def step_through(
         _play, _next, _back, _reset, _peak, _rec, _copy, _tick, step, paused, speed, plan_ref
     ):
-        plan, _ = _plan(studio, plan_ref)
-        if plan is None:
-            raise PreventUpdate
+        plan, _ = _shown(studio, plan_ref)
         last = len(plan.program) - 1
         trigger = ctx.triggered_id
         if trigger == ids.PLAY:
@@ -638,6 +623,14 @@ def _plan(studio: Studio, plan_ref: dict | None):
     except Exception:
         return None, None
     return plan, studio.problem(plan_ref["key"])
+
+
+def _shown(studio: Studio, plan_ref: dict | None):
+    """`_plan`, for a view with nothing to draw without a plan: PreventUpdate then."""
+    plan, problem = _plan(studio, plan_ref)
+    if plan is None:
+        raise PreventUpdate
+    return plan, problem
 
 
 def _tradeoff(studio: Studio, context: dict, value: float) -> dict:

@@ -12,7 +12,7 @@ import pytest
 from helpers import SEED_BYTES, assert_same_grads, fresh, measured_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_solver_properties import _classic, _until_made, draw_blocks
+from test_solver_properties import _classic, _until_made, draw_blocks, step_effects
 
 import core
 from core.errors import InfeasibleBudget
@@ -91,25 +91,7 @@ def walk_schedule(blocks: list[ChainBlock], link: Link, seq: list[tuple], budget
     the lane's last copy), or inf when a step goes over `budget`. Fails on a step that reads
     something not on the device or recomputes something live."""
     n = len(blocks)
-
-    def reads(step) -> set:
-        kind, j = step[0], step[1]
-        if kind in ("offload", "prefetch"):
-            return set()
-        if kind != "B":
-            return {("A", j - 1)} if j > 0 else set()
-        opt = blocks[j].options[step[2]]
-        need = {("K", j)} if opt.needs_forward or j == n - 1 else set()
-        need |= {("A", j - 1)} if j > 0 and opt.reads_input else set()
-        return need | ({("A", j)} if opt.reads_output else set())
-
-    def makes(step) -> dict:
-        kind, j = step[0], step[1]
-        if kind not in ("F", "Fe"):
-            return {}
-        made = {("A", j): blocks[j].output} if j < n - 1 else {}
-        return made | ({("K", j): blocks[j].options[step[2]].kept} if kind == "Fe" else {})
-
+    reads, makes = step_effects(blocks)
     live: dict = {}
     leaving: dict = {}  # item -> (bytes, copy done)
     host: dict = {}
@@ -201,6 +183,20 @@ def test_without_a_usable_link_the_table_is_rotors(case):
     assert [table.best(m) for m in range(budget + 1)] == [rotor.best(m) for m in range(budget + 1)]
 
 
+def pinned_case(
+    blocks: list[ChainBlock], link: Link, budget: int, rotor: float, pofo_best: float
+) -> list[tuple]:
+    """A case hypothesis found, checked: Rotor's best, the table's, its schedule walked, and
+    the best of the whole family by enumeration; the table's schedule."""
+    table = pofo.compute_table(blocks, link, budget, slots=budget)
+    seq = pofo.sequence(blocks, table, budget)
+    assert rotor_table(blocks, budget, slots=budget).best(budget) == rotor
+    assert table.best(budget) == pofo_best
+    assert walk_schedule(blocks, link, seq, budget) == pofo_best
+    assert min(walk_schedule(blocks, link, s, budget) for s in family(blocks, link)) == pofo_best
+    return seq
+
+
 def test_offloading_a_checkpoint_beats_recomputing_it():
     """Found by hypothesis: five 1-byte blocks, a 4-byte budget. Rotor's best takes 12;
     POFO's 11 offloads block 1's input during block 2's forward and prefetches it during
@@ -214,15 +210,9 @@ def test_offloading_a_checkpoint_beats_recomputing_it():
         ChainBlock(1, 0, 0, (), 1.0, 1, [keeps]),
         ChainBlock(0, 0, 0, (), 1.0, 0, [dataclasses.replace(keeps, forward_peak=1)]),
     ]
-    link, budget = Link(1.0, 1.0), 4
-    table = pofo.compute_table(blocks, link, budget, slots=budget)
-    seq = pofo.sequence(blocks, table, budget)
-    assert rotor_table(blocks, budget, slots=budget).best(budget) == 12.0
-    assert table.best(budget) == 11.0
+    seq = pinned_case(blocks, Link(1.0, 1.0), 4, rotor=12.0, pofo_best=11.0)
     assert seq[:4] == [("Fe", 0, 0), ("F", 1), ("offload", 1), ("F", 2)]
     assert ("prefetch", 1) in seq
-    assert walk_schedule(blocks, link, seq, budget) == 11.0
-    assert min(walk_schedule(blocks, link, s, budget) for s in family(blocks, link)) == 11.0
 
 
 def test_a_late_prefetch_stalls_and_the_table_counts_it():
@@ -248,15 +238,9 @@ def test_a_late_prefetch_stalls_and_the_table_counts_it():
         ),
         ChainBlock(0, 0, 0, (), 1.0, 0, [dataclasses.replace(opt, forward_peak=1)]),
     ]
-    link, budget = Link(4.0, 2.0), 7
-    table = pofo.compute_table(blocks, link, budget, slots=budget)
-    seq = pofo.sequence(blocks, table, budget)
-    assert rotor_table(blocks, budget, slots=budget).best(budget) == 13.0
-    assert table.best(budget) == 12.5
+    seq = pinned_case(blocks, Link(4.0, 2.0), 7, rotor=13.0, pofo_best=12.5)
     at = seq.index(("prefetch", 1))
     assert seq[at + 1] == ("B", 3, 0) and seq[at + 2][:2] == ("Fe", 1)
-    assert walk_schedule(blocks, link, seq, budget) == 12.5
-    assert min(walk_schedule(blocks, link, s, budget) for s in family(blocks, link)) == 12.5
 
 
 # ---- on the sample models ------------------------------------------------------------------

@@ -148,14 +148,16 @@ def brute_force_chain(blocks: list[ChainBlock], budget: int, persistent: bool = 
     return float("inf")
 
 
-def run_schedule(blocks: list[ChainBlock], seq: list[tuple], budget: int) -> float:
-    """Walk a Rotor schedule in the brute force's memory model, each item (a block output
-    or an option's kept values) freed after its last read, and return its time. Fails if a
-    step reads something not live, recomputes something live, or goes over `budget`."""
+def step_effects(blocks: list[ChainBlock]):
+    """`reads(step)` and `makes(step)` of a chain schedule's steps in the brute force's memory
+    model: items are block outputs ("A", j) and an option's kept values ("K", j); a transfer
+    step (pofo's "offload", "prefetch") reads and makes none."""
     n = len(blocks)
 
     def reads(step) -> set:
         kind, j = step[0], step[1]
+        if kind in ("offload", "prefetch"):
+            return set()
         if kind != "B":
             return {("A", j - 1)} if j > 0 else set()
         opt = blocks[j].options[step[2]]
@@ -165,11 +167,20 @@ def run_schedule(blocks: list[ChainBlock], seq: list[tuple], budget: int) -> flo
 
     def makes(step) -> dict:
         kind, j = step[0], step[1]
-        if kind == "B":
+        if kind not in ("F", "Fe"):
             return {}
         made = {("A", j): blocks[j].output} if j < n - 1 else {}
         return made | ({("K", j): blocks[j].options[step[2]].kept} if kind == "Fe" else {})
 
+    return reads, makes
+
+
+def run_schedule(blocks: list[ChainBlock], seq: list[tuple], budget: int) -> float:
+    """Walk a Rotor schedule in the brute force's memory model, each item (a block output
+    or an option's kept values) freed after its last read, and return its time. Fails if a
+    step reads something not live, recomputes something live, or goes over `budget`."""
+    n = len(blocks)
+    reads, makes = step_effects(blocks)
     live: dict = {}
     b, time = n - 1, 0.0
     for k, step in enumerate(seq):
