@@ -96,17 +96,24 @@ def forced(problem, plan: Plan, count: int) -> Plan:
 
 
 def check_runs_as_predicted(name: str, base: str, count: int, lane=None) -> None:
-    """`count` activations of `name`'s `base` plan forced to the host: the step gives eager's
-    loss and gradients, device peak = predicted + 4 B and host bytes = predicted; under
-    `lane` (a core.transfers.HostLane) when given."""
+    """`count` activations of `name`'s `base` plan forced to the host, run exactly
+    (`assert_runs_exactly`), under `lane` (a core.transfers.HostLane) when given."""
     model, inputs = fresh(name)
     problem = core.analyze(model, inputs)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
     start = store_all_plan(problem) if base == "store_all" else core.solve(problem, 1.0, base)
     plan = forced(problem, start, count)
     sim = check_program(plan, problem)
     assert sim.host_peak > 0 and len(sim.transfers) == 2 * count
+    run = assert_runs_exactly(model, inputs, plan, lane)
+    assert run._program.host_pool == sim.host_pool == sim.host_peak  # forward in, backward out
+
+
+def assert_runs_exactly(model: nn.Module, inputs: tuple, plan: Plan, lane=None) -> nn.Module:
+    """One step of `plan` against eager's, from the same model state and random seed: the
+    same loss and gradients, device peak = predicted + 4 B, host bytes = predicted (the
+    simulation's). Under `lane` when given; returns the planned module."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _, eager_loss, eager_grads = measured_step(model, inputs, seed=3)
     model.load_state_dict(state)
     run = core.apply_plan(model, plan)
     if lane is not None:
@@ -115,5 +122,5 @@ def check_runs_as_predicted(name: str, base: str, count: int, lane=None) -> None
     assert loss == eager_loss
     assert_same_grads(grads, eager_grads)
     assert peak == plan.predicted_peak + SEED_BYTES
-    assert run.host_peak == plan.predicted_host_bytes == sim.host_peak
-    assert run._program.host_pool == sim.host_pool == sim.host_peak  # forward in, backward out
+    assert run.host_peak == plan.predicted_host_bytes == plan.simulate().host_peak
+    return run
