@@ -281,7 +281,7 @@ def _capture(
     with fake_mode:
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
-        finputs = [_fake(fake_mode, x) for x in inputs]
+        finputs = _distinct([_fake(fake_mode, x) for x in inputs])
 
     def forward(ps, ss, xs):
         names = [n for n, _ in params] + [n for n, _ in state]
@@ -372,6 +372,23 @@ def aliases_schema_write(target: Any) -> list[tuple[int, str]]:
 
 
 # --- internals ---------------------------------------------------------------------------
+
+
+def _distinct(fakes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One fake tensor per input position. A tensor passed twice (`targets=(input_ids,)`, as
+    causal language models are trained) is one fake object, which the trace would record as
+    one placeholder: every use would read the last position, and a later call passing two
+    different tensors would feed the labels to the embedding. Call under the fake mode."""
+    seen: set[int] = set()
+    out = []
+    for f in fakes:
+        if id(f) in seen:
+            twin = f
+            f = torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device)
+            f.requires_grad_(twin.requires_grad)
+        seen.add(id(f))
+        out.append(f)
+    return out
 
 
 def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:

@@ -169,3 +169,41 @@ def test_plan_mismatch_says_what_differs():
     double, _ = fresh("gpt-tiny")
     with pytest.raises(PlanMismatch, match="float64"):
         core.apply_plan(double.double(), plan)
+
+
+class _TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, input_ids):
+        return self.head(torch.tanh(self.embed(input_ids)))
+
+
+def _lm_loss(logits, labels):
+    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_one_tensor_passed_as_input_and_as_target_traces_as_two(tmp_path):
+    """Causal language models are planned with `targets=(input_ids,)`: one tensor in two
+    places. Each place is its own placeholder, so a later call with other labels computes
+    eager's loss and gradients (it used to feed one tensor to both), and the plan file loads
+    into a new trace of the model (it used to be refused as another model)."""
+    torch.manual_seed(0)
+    model, ids = _TinyLM(), torch.randint(0, 50, (2, 8))
+    problem = core.analyze(model, (), {"input_ids": ids}, _lm_loss, (ids,))
+    plan = core.solve(problem, 1.0, "store_all")
+    labels = torch.randint(0, 50, (2, 8))
+    plan.save(tmp_path / "plan.pkl")
+    loaded = core.load_plan(tmp_path / "plan.pkl")
+    for run in (core.apply_plan(model, plan), core.apply_plan(model, loaded, _lm_loss)):
+        model.zero_grad(set_to_none=True)
+        want = _lm_loss(model(input_ids=ids), labels)
+        want.backward()
+        eager = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        got = run(input_ids=ids, targets=labels)
+        got.backward()
+        assert torch.equal(got, want)
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), eager, strict=True))
