@@ -47,6 +47,10 @@ class ServeError(RematError):
     """The app cannot be served as asked: a port out of range or already in use."""
 
 
+class InvalidPlan(RematError, ValueError):
+    """A program that cannot run: an input not live, a double free, a misplaced backward op."""
+
+
 class BudgetError(RematError, ValueError):
     """A budget that is not a number of bytes or a fraction of the store-all peak."""
 

@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from core.errors import RematError
+from core.errors import InvalidPlan
 from core.graph import Graph, Phase
 
 RUN: Literal["run"] = "run"
@@ -44,10 +44,6 @@ KINDS = (RUN, FREE, OFFLOAD, PREFETCH)
 _VERBS = {FREE: "frees", OFFLOAD: "offloads", PREFETCH: "prefetches"}
 Instruction = tuple[str, int]
 Fate = Literal["kept", "recomputed", "freed", "offloaded"]
-
-
-class InvalidPlan(RematError, ValueError):
-    """A program that cannot run: an input not live, a double free, a misplaced backward op."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ the plan's budget. `apply_plan` calls `check_program`; the runtime meets only ch
 
 from __future__ import annotations
 
-from core.errors import fmt_bytes
+from core.errors import InvalidPlan, fmt_bytes
 from core.problem import Problem
 from core.schedule import Plan
-from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, InvalidPlan, Simulation
+from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, Simulation
 
 
 def check_program(plan: Plan, problem: Problem) -> Simulation:

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-from core.errors import InfeasibleBudget
+from core.errors import InfeasibleBudget, InvalidPlan
 from core.graph import Graph, Op, Value
 from core.problem import Problem
 from core.reorder import dependencies, reorder, reordered_runs, run_list
 from core.schedule import plan_from_runs, store_all_plan
-from core.simulator import InvalidPlan, simulate, store_all_program
+from core.simulator import simulate, store_all_program
 
 # ---- random step graphs -------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ import dataclasses
 
 import numpy as np
 
-from core.simulator import Dag, InvalidPlan, Simulated, simulated
+from core.errors import InvalidPlan
+from core.simulator import Dag, Simulated, simulated
 from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, runs_of, sequence
 
 MIN_FORWARD_OPS = 24  # smaller blocks: the keep-set search and the block ILP suffice
