@@ -25,11 +25,8 @@ from core.interpret import resolve, run_node
 from core.simulator import Link
 from core.trace import AtenNode, Ref, Trace
 
-# Host links, measured by others (see the notes on offloading): PCIe 4 x16 about 25 GB/s each
-# way (A100, ZaidQureshi/bam #54; RTX 4090 pinned 24.7 GB/s, efeslab/fiddler #7); H100 over
-# PCIe 5, nvbandwidth SM copies: H2D 35 GB/s, D2H 52.8 GB/s (NVIDIA/nvbandwidth #24); V100
-# over PCIe 3, POFO's testbed: 12 GB/s. CPU: a host copy is a memcpy, reading and writing each
-# byte once, at the 35 GB/s of traffic measured below, hence 17.5 GB/s.
+# Host links as measured by others (sources in docs/tuning.md); CPU: a host copy is a memcpy,
+# reading and writing each byte once at the 35 GB/s measured below, hence 17.5 GB/s.
 PCIE4 = Link(d2h=25e9, h2d=25e9)
 
 
@@ -49,12 +46,8 @@ class DeviceSpec:
     link: Link = field(default_factory=lambda: PCIE4)  # host link: offloads and prefetches
 
 
-# "cpu": this machine (AMD EPYC, 2 cores, torch 2.13.0+cpu), 1 thread, measured on 2026-11-21
-# when this module was written (median of 9 runs): fp32 2048x2048 matmul 85 GFLOP/s; `x + y`
-# counting all in and out bytes 42-44 GB/s on 1-4M float32 elements and 30 GB/s on 16M, hence
-# 35 GB/s; on 32M elements (128 MB, above glibc's 32 MB mmap threshold) 4.3 GB/s, i.e. 1.8 GB/s
-# of page faults on the new output on top of the 22 GB/s the same add reaches with `out=`;
-# `aten.add` of one-element tensors through `run_node` 2.7 us, 4 us with a step's bookkeeping.
+# "cpu": this machine (AMD EPYC, 2 cores), 1 thread: matmul rate, memory traffic, page faults
+# on large fresh outputs and per-op dispatch, measured 2026-11-21 (docs/tuning.md).
 # GPUs: datasheet peaks (NVIDIA A100/H100/V100 and Ada RTX 4090 datasheets, dense, no sparsity)
 # derated to 70% of compute and 80% of bandwidth, what large kernels sustain in practice.
 # `flops` is plain fp32 (PyTorch leaves TF32 matmuls off by default), `half_flops` the fp16/bf16

@@ -1,7 +1,7 @@
 """Checkmate (Jain et al., MLSys 2020) in the restricted form that solves in seconds.
 
 The published ILP has a stage per op and O(T^2) binaries; on a GPT layer it does not close its
-gap in a minute (see DESIGN.md). This form keeps what matters for a forward+backward graph:
+gap in a minute (docs/tuning.md). This form keeps what matters for a forward+backward graph:
 - the forward runs once, and one keep bit per forward value says whether it stays live until
   the backward (else it is freed after its last forward read);
 - each backward op runs once, in its own stage k, in graph order; before it, forward ops may be

@@ -20,9 +20,8 @@ from core.simulator import Dag, Simulated, kept_bytes, simulated
 # proportions that depend on the rest of the chain.
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 BEAM = 8  # states each weight's beam keeps per step
-# keep sets simulated per block, all weights together: bounds the search's time (a GPT-2
-# layer, d768, 73 ops: ~0.3 ms a state on this machine; unbounded it took 20,000 states;
-# 6,000 keeps the sample models within 0.02 of the unbounded overheads, 2,000 did not)
+# keep sets simulated per block, all weights together: bounds the search's work while keeping
+# the sample models within 0.02 of the unbounded overheads (docs/tuning.md)
 MAX_STATES = 6000
 
 _State = tuple[frozenset[int], frozenset[int], Simulated]  # kept, transient, option

@@ -1,4 +1,4 @@
-"""Offload (issue 13), a first version: Rockmate's recompute choices, then a greedy pass that
+"""Offload, a first version: Rockmate's recompute choices, then a greedy pass that
 parks activations in host memory.
 
 For a budget B, each base budget of a ladder from B up to the store-all peak gets Rockmate's
@@ -31,13 +31,10 @@ from core.schedule import Plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, TransferProbe, walk_step
 from core.solvers.rotor import chain_plan
 
-# base budgets, as multiples of the budget asked (11 points: gpt-small-6l, h100 preset,
-# smallest peak at <= 1.10x went from 0.507 with 6 points to 0.499)
+# base budgets, as multiples of the budget asked (11 points beat 6: docs/tuning.md)
 LADDER = (1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.5, 3.0)
-# how early a prefetch is issued: its copy's time at the link's rate, times each lead (there,
-# lead 1 only: 0.499; 1 and 2: 0.382; 1, 2 and 4: 0.278; up to 8: 0.214 at 1.084x; up to 16:
-# 0.214 at 1.074x; up to 64: no better). Prefetches queue on one lane, so the copy time alone
-# is too late.
+# how early a prefetch is issued, in copy times: prefetches queue on one lane, so the copy
+# time alone is too late (the leads measured: docs/tuning.md)
 LEADS = (1.0, 2.0, 4.0, 8.0, 16.0)
 MIN_BYTES = 1024  # smaller values are not worth a transfer (torchtune skips them too)
 

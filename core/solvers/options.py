@@ -51,21 +51,12 @@ from core.solvers.rotor_table import BlockOption, ChainBlock
 
 log = logging.getLogger(__name__)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)  # block budgets: activations kept, as fractions
-# Bounds that give the same options on a loaded machine as on an idle one: each block ILP
-# stops after ILP_NODES branch-and-bound nodes, and a block's grid stops (the budgets left
-# skipped, the plan says so) once its ILPs have spent ILP_BLOCK_ITERATIONS simplex
-# iterations, HiGHS's deterministic measure of work on one thread. Measured here (CPU s,
-# iterations per grid point): gpt-tiny's layer (55 ops) 0.19/518, 0.29/389, 2.1/6478,
-# 2.0/25160, 2.9/43721; a 12-layer HF GPT-2's (73 ops) 0.12/347, 0.47/729, 0.62/1090,
-# 3.2/14165. ILP_BLOCK_SECONDS only guards against a runaway solve (noted when hit).
-# The ILP has a variable per (backward op, forward op) pair: blocks above ILP_MAX_OPS ops take
-# their options from the keep-set search and nested schedules alone, and the plan says so. An
-# HF T5 decoder layer (306 ops) took 46 s for two budgets. A Llama layer (118-125 ops) gained
-# nothing from its ILPs, whose root LP alone took 6 CPU s at one budget: 12-layer Llama from
-# the meta device, batch 8, first solve 32.8 -> 6.5 CPU s with the same plans at 30/40/50/70%
-# and the same minimum (23.5%); batch 1, 7.2 -> 5.3 s, same plans; the tiny zoo Llama 19.9 ->
-# 7.7 s, same plans and minimum. The largest blocks of the other samples and zoo models are
-# at most 73 ops (GPT-2's layer), so they keep their ILPs.
+# Bounds in work, not time, so a loaded machine gets the same options as an idle one: each
+# block ILP stops after ILP_NODES branch-and-bound nodes, and a block's grid stops (the budgets
+# left skipped, the plan says so) after ILP_BLOCK_ITERATIONS HiGHS simplex iterations. Blocks
+# above ILP_MAX_OPS ops (one variable per backward/forward op pair) skip the ILP; their options
+# come from the keep-set search and nested schedules. ILP_BLOCK_SECONDS only guards against a
+# runaway solve. The measurements behind these: docs/tuning.md.
 ILP_NODES = 20
 ILP_BLOCK_ITERATIONS = 5000
 ILP_MAX_OPS = 100

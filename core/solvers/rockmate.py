@@ -15,21 +15,14 @@ from core.solvers.checkmate import DEFAULT_SOLVER, whole_graph_ilp
 from core.solvers.options import chain, option_notes, whole_graph_plan, whole_graph_schedules
 from core.solvers.rotor import chain_minimum, chain_plan
 
-# The whole-graph ILP on a small graph, stopped at WHOLE_GRAPH_NODES branch-and-bound nodes
-# (the same schedule on a loaded machine as on an idle one). Measured on gpt-1layer (75 ops)
-# at 55% of store-all (overhead; CPU s): 300 nodes 1.3694 (21 s, 158,547 simplex iterations);
-# 100 nodes 1.5993 (13 s); the root node alone 1.6148 (5 s; with a 2-stage lookahead 1.4512,
-# no better at 20-100 nodes). The 30 s ILP's incumbent there: 1.3521 on a lightly loaded
-# machine, 1.4944-1.6148 under load (docs/nested.md).
+# The whole-graph ILP on a small graph; the measurements behind these are in docs/tuning.md.
+# A node count, not seconds, bounds it: the same schedule on a loaded machine as on an idle one.
 WHOLE_GRAPH_NODES = 300
 WHOLE_GRAPH_MAX_OPS = 128  # graphs above this get no whole-graph ILP
-# Only a runaway guard: those 21 CPU s ran past a 60 s wall clock on this 2-core machine under
-# load (the schedule then depended on the load).
+# only a runaway guard:
 WHOLE_GRAPH_SECONDS = 300.0
-# It costs seconds per budget and only beat the chain near its floor (gpt-1layer, root node,
-# 2-stage lookahead: at 52% and 55%, where the chain has no plan or one of overhead 1.81; from
-# 58% on, where the chain's is at most 1.31, it lost), so it runs only where no chain plan fits
-# or the chain's overhead is above this:
+# It costs seconds per budget and beat the chain only near its floor: run it only where no
+# chain plan fits or the chain's overhead is above this.
 WHOLE_GRAPH_OVERHEAD = 1.5
 
 
