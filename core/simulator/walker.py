@@ -2,9 +2,9 @@
 
 Each instruction kind has one handler here; a new kind is a new handler and a new constant in
 `core.simulator.program`, not a second simulator. Runs and frees are handled inline in one loop
-(the solvers' searches walk thousands of programs); transfers go to a `_Lane`, and a recorded
-walk reports each step to a `Recording` at fixed points, so a walk that records nothing pays
-one test per instruction for it.
+(the solvers' searches walk thousands of programs); transfers go to a `_Lane`. A recorded walk
+reports to a `Recording` at fixed points (each step done, the backward's start, a copy out
+released, a run that waited); a walk that records nothing has no recorder and skips them.
 
 Time runs on two lanes: compute (runs, one after another) and transfer (offloads and
 prefetches, one after another, at the host link's bandwidth). A transfer starts when the lane
@@ -39,8 +39,7 @@ class Transfer:
 @dataclass
 class Walk:
     """What walking a program found. Bytes count only the values the memory model sizes;
-    device bytes unless named host. Not frozen: a frozen dataclass's constructor costs the
-    searches' many small walks more than they spend elsewhere."""
+    device bytes unless named host."""
 
     peak: int
     peak_step: int  # first instruction after which `peak` bytes are live
@@ -274,9 +273,9 @@ def walk(
     """Walk `program` and return its memory and time. Only values in `sizes` are tracked
     (others, such as parameters of a block walked alone, are always available and never
     counted); `initial` values are live from the start, `arriving` ones from the backward's
-    start; `final` ones may not be freed. With `record`, keep
-    live bytes per step split by `column` (value -> column index; all in one column when
-    None), each value's live intervals and the steps that run each op. `link` times the
+    start; `final` ones may not be freed. With `record`, a `Recording` keeps live bytes per
+    step split by `column` (value -> column index; all in one column when None), each value's
+    live intervals, the steps that run each op, host bytes and stalls. `link` times the
     offloads and prefetches (see the module's docstring); a program with either needs one.
 
     Raises InvalidPlan when an op reads a tracked value that is not live (or is parked on the
