@@ -370,11 +370,14 @@ def _dag_key(dag: Dag) -> str:
 
 def _code_hash() -> str:
     """Hash of the code that computes options (this module, the ILP, the keep-set search,
-    the simulator, the nested chains and Rotor's table behind them) and of PuLP's version: a
+    every module of the simulator package, the nested chains and Rotor's table behind them) and of PuLP's version: a
     change to any of them is a new cache key."""
     h = hashlib.sha256(pulp.__version__.encode())
-    for module in (simulator, checkmate, keep_sets, nested, rotor_table, sys.modules[__name__]):
-        h.update(Path(str(module.__file__)).read_bytes())
+    modules = (simulator, checkmate, keep_sets, nested, rotor_table, sys.modules[__name__])
+    for module in modules:
+        path = Path(str(module.__file__))
+        for source in sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]:
+            h.update(source.read_bytes())
     return h.hexdigest()[:16]
 
 
