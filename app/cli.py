@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def _analyze(args: argparse.Namespace):
     from rich.progress import Progress
 
-    from core.model_spec import load_model
+    from core.trace.model_call import load_model
 
     call = load_model(args.model)
     with Progress(transient=True) as bar:

@@ -14,7 +14,7 @@ from typing import Any
 
 import core
 from core.memory import StorageTracker, step_tensors
-from core.model_spec import ModelCall
+from core.trace.model_call import ModelCall
 
 LOOKAHEAD = 16  # ATen calls searched for a program op's node before it counts as skipped
 

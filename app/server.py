@@ -16,7 +16,7 @@ from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
 from app.state import DEFAULT_MODEL, DEFAULT_OFFLOAD, Studio
 from core.errors import ServeError
-from core.model_spec import resolve_builder
+from core.trace.model_call import resolve_builder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 

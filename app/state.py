@@ -19,9 +19,9 @@ from app.figures import FATE_TEXT
 from core.costs import DEVICES as DEVICE_SPECS
 from core.errors import fmt_bytes
 from core.frontier import minimum_budget
-from core.model_spec import ModelCall, as_call, resolve_builder
 from core.simulator import OFFLOAD, PREFETCH, RUN
 from core.solvers import available_methods
+from core.trace.model_call import ModelCall, as_call, resolve_builder
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")

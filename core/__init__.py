@@ -2,11 +2,11 @@
 
 from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
 from core.frontier import tradeoff
-from core.model_spec import ModelCall
 from core.problem import Problem, analyze
 from core.runtime import apply_plan
 from core.schedule import Plan, load_plan
 from core.solvers import parse_budget, solve
+from core.trace.model_call import ModelCall
 
 __all__ = [
     "InfeasibleBudget",

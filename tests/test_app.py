@@ -162,7 +162,7 @@ def test_plan_views_on_a_real_model():
 
 
 def test_a_bad_model_spec_is_refused_in_plain_words():
-    from core.model_spec import ModelSpecError, resolve_builder
+    from core.trace.model_call import ModelSpecError, resolve_builder
 
     with pytest.raises(ModelSpecError, match="cannot import 'no_such_package.models'"):
         resolve_builder("no_such_package.models:build")
@@ -180,7 +180,7 @@ def test_zoo_models_and_builders_of_model_calls_open_with_keywords_and_an_outsid
     """A builder may return a core.ModelCall (keyword inputs, a loss outside the model), and
     the zoo's names resolve: the app measures a plan of it as it predicts."""
     from app.measure import measure_plan
-    from core.model_spec import resolve_builder
+    from core.trace.model_call import resolve_builder
 
     call = resolve_builder("hf-bert")()
     assert call.kwargs and call.loss_fn is not None and call.targets

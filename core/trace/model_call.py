@@ -1,9 +1,14 @@
-"""Resolve a MODEL argument: a sample model's short name, a Hugging Face zoo name ("hf-gpt2",
-with transformers installed) or `package.module:callable`.
+"""A `ModelCall` (a model and how one training step calls it), and the MODEL argument of the
+command line and the app that names one: a sample model's short name, a Hugging Face zoo name
+("hf-gpt2", with transformers installed) or `package.module:callable`.
 
 A builder returns `(model, example_inputs)` (positional inputs; the model returns its loss),
 or a `ModelCall`: keyword inputs, and a loss computed outside the model, as Hugging Face
 models are trained.
+
+`ModelCall.analyze` calls `core.problem.analyze`, which imports the rest of this package:
+so `core.trace` does not import this module; import it as `core.trace.model_call` (or
+`ModelCall` from `core`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,48 @@
+"""Trace one training step (forward and backward) to a graph of ATen ops, on fake tensors.
+
+The parts, in the order they import each other:
+- `call`: how a step calls the model (`CallSpec`, `split_call`, `join_call`, `unflatten_output`);
+- `nodes`: the traced step as data (`Ref`, `TensorSpec`, `AtenNode`, `Trace`);
+- `op_schema`: what an op's schema says it writes, and what it leaves out (`aliases_schema_write`,
+  `undeclared_writes`, `fast_callable`, `user_frame`);
+- `identity`: what a plan file records about its graph (`graph_meta`, `fingerprint`,
+  `describe_difference`);
+- `functionalize`: in-place ops on tensors already read, rewritten out of place;
+- `scope`: which submodule runs while tracing; failures as `UnsupportedModel`;
+- `convert`: the fx graph as `AtenNode`s with numbered storages;
+- `capture`: the joint forward+backward graph (`capture`), built from the parts above;
+- `model_call` (not imported here: it sits above `core.problem`): `ModelCall` and resolving a
+  MODEL argument (`resolve_builder`, `load_model`).
+
+Capture's private PyTorch APIs (fake tensors, op schemas, pytree internals) live in this
+package. Three other modules use private APIs too, each for one purpose: `core.interpret` (the
+generated `torch._C` bindings it calls ops through, `TorchDispatchMode`), `core.memory`
+(`TorchDispatchMode`, pytree, storage `_cdata` ids) and `core.runtime` (autograd's keep-graph
+flag). A torch upgrade should touch this package and those three files, no other.
+"""
+
+from core.trace.call import CallSpec, join_call, split_call, unflatten_output
+from core.trace.capture import capture
+from core.trace.identity import describe_difference, fingerprint, graph_meta
+from core.trace.nodes import ROLES, AtenNode, Ref, TensorSpec, Trace
+from core.trace.op_schema import aliases_schema_write, fast_callable, undeclared_writes, user_frame
+
+__all__ = [
+    "ROLES",
+    "AtenNode",
+    "CallSpec",
+    "Ref",
+    "TensorSpec",
+    "Trace",
+    "aliases_schema_write",
+    "capture",
+    "describe_difference",
+    "fast_callable",
+    "fingerprint",
+    "graph_meta",
+    "join_call",
+    "split_call",
+    "undeclared_writes",
+    "unflatten_output",
+    "user_frame",
+]

@@ -1,0 +1,233 @@
+"""Capture the joint forward+backward graph of one training step at ATen level.
+
+The step is `outputs = model(*inputs)` followed by `autograd.grad(outputs, params, tangents)`,
+traced with `make_fx` under fake tensors: no real compute, no real memory, so a model larger
+than this machine can still be analysed. The graph mirrors eager PyTorch op for op (in-place
+`bernoulli_` dropout masks, in-place batch-norm running statistics), which is what makes the
+simulated peak equal the eager peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch._functorch._aot_autograd.logging_utils import (
+    setup_stacktrace_preservation_hooks_from_tensors,
+)
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from core.errors import UnsupportedModel
+from core.trace.call import CallSpec, join_call, split_call
+from core.trace.convert import convert
+from core.trace.functionalize import functionalize_late_writes
+from core.trace.nodes import TensorSpec, Trace
+from core.trace.scope import ModuleScope, guard
+
+Named = list[tuple[str, torch.Tensor]]
+Forward = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[torch.Tensor]], Any]
+
+
+def capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+) -> Trace:
+    """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
+    *targets)` when given) on inputs shaped like these. Non-tensor arguments are bound as
+    they are."""
+    with _tensors_restored(model):
+        return _capture(model, args, kwargs, loss_fn, targets)
+
+
+@contextlib.contextmanager
+def _tensors_restored(model: nn.Module) -> Iterator[None]:
+    """Put every parameter and buffer back afterwards: `functional_call` leaves its fake
+    substitutes in a submodule registered under two names (a Siamese network's shared tower:
+    `self.tower_b = self.tower_a`), and the model would then run on fake tensors."""
+    saved = [
+        (m, n, t)
+        for m in model.modules()
+        for n, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+    ]
+    try:
+        yield
+    finally:
+        for m, n, t in saved:
+            setattr(m, n, t)
+
+
+def _capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    targets: Sequence[torch.Tensor],
+) -> Trace:
+    """Fake the parameters, state and inputs; run the forward once to learn its outputs;
+    trace forward and backward together; convert the graph."""
+    inputs, call = split_call(args, kwargs, targets, loss_fn is not None)
+    _check_targets(inputs[len(inputs) - call.n_targets :])
+    named = list(model.named_parameters())
+    params = [(n, p) for n, p in named if p.requires_grad]
+    state = [(n, p) for n, p in named if not p.requires_grad] + list(model.named_buffers())
+    grad_inputs = [i for i, x in enumerate(inputs) if x.requires_grad]
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        fparams = [_fake(fake_mode, p) for _, p in params]
+        fstate = [_fake(fake_mode, b) for _, b in state]
+        finputs = _distinct([_fake(fake_mode, x) for x in inputs])
+    forward = _forward_fn(model, params + state, call, loss_fn)
+
+    with ModuleScope(model) as scope, fake_mode:
+        out = guard(scope, lambda: forward(fparams, fstate, finputs))
+        leaves, out_spec = _flatten_output(out)
+        diff = [i for i, t in enumerate(leaves) if t.requires_grad]
+        ftangents = [torch.empty_like(leaves[i]) for i in diff]
+
+    step = _joint_step(forward, (len(params), len(state), len(inputs)), diff, grad_inputs)
+    with ModuleScope(model) as scope, fake_mode:
+        flat = [*fparams, *fstate, *finputs, *ftangents]
+        gm = guard(scope, lambda: make_fx(step, record_stack_traces=True)(*flat))
+        functionalize_late_writes(gm.graph)
+
+    roles = ["param"] * len(params) + ["state"] * len(state) + ["input"] * len(inputs)
+    graph = convert(gm, roles + ["tangent"] * len(diff))
+    return Trace(
+        nodes=graph.nodes,
+        storage_bytes=graph.storage_bytes,
+        param_names=[n for n, _ in params],
+        param_specs=[TensorSpec.of(p) for _, p in params],
+        state_names=[n for n, _ in state],
+        input_specs=[TensorSpec.of(x) for x in inputs],
+        grad_inputs=grad_inputs,
+        outputs=graph.outputs,
+        output_spec=out_spec,
+        diff_outputs=diff,
+        tangents=[i for i, n in enumerate(graph.nodes) if n.role == "tangent"],
+        grads=graph.grads,
+        constants=graph.constants,
+        call=call,
+    )
+
+
+def _check_targets(targets: Sequence[Any]) -> None:
+    for i, x in enumerate(targets):
+        if not isinstance(x, torch.Tensor):
+            raise UnsupportedModel(f"target {i} of type {type(x).__name__}", "", "pass tensors")
+
+
+def _forward_fn(
+    model: nn.Module, tensors: Named, call: CallSpec, loss_fn: Callable[..., Any] | None
+) -> Forward:
+    """forward(params, state, inputs): the model (then the loss) on these tensors in place of
+    its own parameters and buffers, called as `call` says."""
+    names = [n for n, _ in tensors]
+
+    def forward(ps: Sequence, ss: Sequence, xs: Sequence) -> Any:
+        substitutes = dict(zip(names, [*ps, *ss], strict=True))
+        args, kwargs, targets = join_call(xs, call)
+        out = functional_call(model, substitutes, args, kwargs)
+        return out if loss_fn is None else _loss(loss_fn, out, targets)
+
+    return forward
+
+
+def _joint_step(
+    forward: Forward, counts: tuple[int, int, int], diff: list[int], grad_inputs: list[int]
+) -> Callable[..., tuple[list, list]]:
+    """step(*params, *state, *inputs, *tangents) -> (outputs, gradients): what make_fx traces.
+    `counts` is (params, state, inputs); `diff` the outputs that receive a tangent."""
+    n_p, n_s, n_i = counts
+
+    def step(*flat: torch.Tensor) -> tuple[list, list]:
+        ps, ss = flat[:n_p], flat[n_p : n_p + n_s]
+        xs, ts = flat[n_p + n_s : n_p + n_s + n_i], flat[n_p + n_s + n_i :]
+        leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
+        # tag each backward node with the sequence number of the forward op it differentiates
+        setup_stacktrace_preservation_hooks_from_tensors([leaves[i] for i in diff])
+        wrt = list(ps) + [xs[i] for i in grad_inputs]
+        grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)
+        return list(leaves), list(grads)
+
+    return step
+
+
+def _loss(loss_fn: Callable[..., Any], out: Any, targets: tuple) -> torch.Tensor:
+    loss = loss_fn(out, *targets)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise UnsupportedModel(
+            f"a loss_fn returning {type(loss).__name__}"
+            + (f" of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else ""),
+            "",
+            "loss_fn(output, *targets) must return a scalar tensor (reduce it with .mean())",
+        )
+    return loss
+
+
+def _distinct(fakes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One fake tensor per input position. A tensor passed twice (`targets=(input_ids,)`, as
+    causal language models are trained) is one fake object, which the trace would record as
+    one placeholder: every use would read the last position, and a later call passing two
+    different tensors would feed the labels to the embedding. Call under the fake mode."""
+    seen: set[int] = set()
+    out = []
+    for f in fakes:
+        if id(f) in seen:
+            twin = f
+            f = torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device)
+            f.requires_grad_(twin.requires_grad)
+        seen.add(id(f))
+        out.append(f)
+    return out
+
+
+def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    f = mode.from_tensor(t, static_shapes=True)
+    if t.requires_grad and f.is_leaf and not f.requires_grad:
+        f.requires_grad_(True)
+    return f
+
+
+def _flatten_output(out: Any) -> tuple[list[torch.Tensor], Any]:
+    """The model's output tensors, flat, and the pytree spec that rebuilds the structure."""
+    _register_dataclasses(out)
+    leaves, spec = pytree.tree_flatten(out)
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            raise UnsupportedModel(
+                f"an output of type {type(leaf).__name__}",
+                "",
+                "the model must return tensors (alone, or in a tuple, list, dict or dataclass): "
+                "turn that output off (Hugging Face: use_cache=False) or give analyze a "
+                "loss_fn, whose scalar is then the step's only output",
+            )
+    if not leaves:
+        raise UnsupportedModel("a model with no tensor output", "", "return the loss or logits")
+    return leaves, spec
+
+
+def _register_dataclasses(out: Any) -> None:
+    """Let pytree see inside dataclass outputs (as Hugging Face's ModelOutput does)."""
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        cls = type(out)
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(cls)
+        for f in dataclasses.fields(out):
+            _register_dataclasses(getattr(out, f.name))
+    elif isinstance(out, (list, tuple)):
+        for x in out:
+            _register_dataclasses(x)
+    elif isinstance(out, dict):
+        for x in out.values():
+            _register_dataclasses(x)

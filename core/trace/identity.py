@@ -1,0 +1,58 @@
+"""A traced graph's identity: what a plan file records about the graph it was made for
+(`graph_meta`), the hash that must match for a plan to apply (`fingerprint`), and what differs
+when it does not (`describe_difference`). Plan files carry the fingerprint: changing what it
+hashes makes every saved plan refuse to load."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from core.trace.nodes import Trace
+
+
+def graph_meta(trace: Trace) -> dict[str, Any]:
+    """What a plan file records about its graph, to say what differs on a mismatch."""
+    return {
+        "params": [[n, str(s)] for n, s in zip(trace.param_names, trace.param_specs)],
+        "state": list(trace.state_names),
+        "inputs": [
+            [list(s.shape), s.dtype, i in trace.grad_inputs]
+            for i, s in enumerate(trace.input_specs)
+        ],
+        "n_nodes": len(trace.nodes),
+        "call": trace.call.to_data(),
+    }
+
+
+def fingerprint(trace: Trace) -> str:
+    """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step. How the
+    inputs are passed (the "call") is left out: the planned module checks it on every call,
+    and plans made before keyword inputs keep their fingerprint."""
+    h = hashlib.sha256()
+    h.update(repr({k: v for k, v in graph_meta(trace).items() if k != "call"}).encode())
+    for n in trace.nodes:
+        h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
+    return h.hexdigest()[:32]
+
+
+def describe_difference(trace: Trace, meta: dict[str, Any]) -> str:
+    """Say what differs between this trace and the `graph_meta` a plan was made for."""
+    mine = graph_meta(trace)
+    for key, what in (
+        ("params", "parameters"),
+        ("inputs", "input shapes or dtypes"),
+        ("state", "buffers"),
+    ):
+        if key in meta and meta[key] != mine[key]:
+            return f"{what} differ: plan has {_first_difference(meta[key], mine[key])}"
+    if meta.get("n_nodes") not in (None, mine["n_nodes"]):
+        return f"the traced graph has {mine['n_nodes']} ATen ops, the plan's had {meta['n_nodes']}"
+    return "the traced operations differ (same shapes, different model code)"
+
+
+def _first_difference(theirs: list, mine: list) -> str:
+    for i, (a, b) in enumerate(zip(theirs, mine)):
+        if a != b:
+            return f"{a} where the model has {b} (entry {i})"
+    return f"{len(theirs)} entries where the model has {len(mine)}"
