@@ -6,7 +6,8 @@ import dash_cytoscape as cyto
 from dash import dcc, html
 
 from app import ids
-from app.figures import FATE_COLORS, FATE_TEXT, graph_stylesheet
+from app.explain import FATE_TEXT
+from app.figures import FATE_COLORS, graph_stylesheet
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
 
@@ -239,7 +240,8 @@ def _budget_row():
                                         type="text",
                                         debounce=True,  # commits on Enter or blur
                                         size="6",
-                                        inputMode="decimal",
+                                        # a decimal keypad on phones; the stubs miss it
+                                        inputMode="decimal",  # type: ignore[arg-type]
                                     ),
                                     " %",
                                 ],
