@@ -7,7 +7,8 @@ from dash import dcc, html
 
 from app import ids
 from app.explain import FATE_TEXT
-from app.figures import FATE_COLORS, graph_stylesheet
+from app.figures import graph_stylesheet
+from app.figures.palette import FATE_COLORS
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
 
@@ -31,7 +32,7 @@ model = core.apply_plan(model, plan)
 
 def build_layout(
     models: list[str], model: str, method: str, methods: list[str], startup_error: str
-):
+) -> html.Div:
     return html.Div(
         className="page",
         children=[

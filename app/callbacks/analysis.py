@@ -77,31 +77,12 @@ def register(app: Dash, studio: Studio) -> None:
                     no_update,
                 ),
             }
-        problem = studio.problem(context["key"])
-        lo = context["min_pct"]
-        if value is None or value < lo or value > 100:
-            value = round((lo + 100) / 4) * 2 if lo < 100 else 100  # middle, on a 0.5 step
-            value = max(lo, min(100, value))
         if context["method"] != method:
             # not an Output: METHOD is an Input of `prepare`, and a declared cycle
             # (prepare -> CONTEXT -> here -> METHOD -> prepare) made Dash's renderer hold back
             # every later `prepare` request while one ran (a device changed meanwhile was lost)
             set_props(ids.METHOD, {"value": context["method"]})
-        graph = problem.graph
-        return {
-            "error": "",
-            "error_hidden": True,
-            "methods": [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]],
-            "low": lo,
-            "marks": {lo: f"{lo:g}%", 100: "100%"},
-            "budget": value,
-            "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"]),
-            "graph": figures.graph_elements(
-                problem.blocks, graph.ops, graph.values, figures.graph_prefix(context["key"])
-            ),
-            "tradeoff": tradeoff_chart(studio, context, value),
-            "note": tradeoff_note(context, link_text(problem)),
-        }
+        return context_view(studio, context, value)
 
     app.clientside_callback(  # the curve takes seconds: say so at once
         """function (on) { return (on && on.length) ?
@@ -111,6 +92,31 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.OFFLOAD, "value"),
         prevent_initial_call=True,
     )
+
+
+def context_view(studio: Studio, context: dict, value: float | None) -> dict:
+    """What a fresh analysis shows: the methods on offer, the slider's range and position
+    (kept when still in range, else the middle), the intro, the graph and the trade-off."""
+    problem = studio.problem(context["key"])
+    lo = context["min_pct"]
+    if value is None or value < lo or value > 100:
+        value = round((lo + 100) / 4) * 2 if lo < 100 else 100  # middle, on a 0.5 step
+        value = max(lo, min(100, value))
+    graph = problem.graph
+    return {
+        "error": "",
+        "error_hidden": True,
+        "methods": [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]],
+        "low": lo,
+        "marks": {lo: f"{lo:g}%", 100: "100%"},
+        "budget": value,
+        "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"]),
+        "graph": figures.graph_elements(
+            problem.blocks, graph.ops, graph.values, figures.graph_prefix(context["key"])
+        ),
+        "tradeoff": tradeoff_chart(studio, context, value),
+        "note": tradeoff_note(context, link_text(problem)),
+    }
 
 
 def analyse(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dash import Dash, Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
@@ -76,7 +78,7 @@ def register(app: Dash, studio: Studio) -> None:
         return block_panel(problem, plan, int(node["block"]))
 
 
-def block_panel(problem, plan, index: int) -> list:
+def block_panel(problem: Any, plan: Any, index: int) -> list:
     """One block's ops in a table: name, ATen op, bytes allocated, what the plan does."""
     block = problem.blocks[index]
     fate_of = fate_of_ops(problem, plan)
