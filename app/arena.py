@@ -2,8 +2,9 @@
 
 Each storage is a rectangle from the step that allocates it to the last step it is live, at its
 offset in the arena, like the allocator state views of pytorch.org/memory_viz; hover names the
-value, the op that produced it, the module that ran it and the line of Python behind it. Two lines mark the live-bytes peak and the arena's
-size: the gap between them is the fragmentation a static allocator pays for this order.
+value, the op that produced it, the module that ran it and the line of Python behind it. Two
+lines mark the live-bytes peak and the arena's size: the gap between them is the fragmentation
+a static allocator pays for this order.
 A pure function, no Dash and no solving: tests call it without a browser.
 """
 
@@ -11,10 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.figures import KIND_COLORS, PEAK_COLOR, pick_unit
+from app.figures.axes import pick_unit
+from app.figures.palette import (
+    ARENA_COLOR,
+    BACKGROUND,
+    EDGE,
+    KIND_COLORS,
+    PEAK_COLOR,
+    PHASE_LINE,
+)
 from core.errors import fmt_bytes
 
-ARENA_COLOR = "#222222"
 _KINDS = {"activation": "activations", "temporary": "temporaries", "gradient": "gradients"}
 
 
@@ -37,32 +45,7 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
     `backward_start`, when given, draws the boundary between the passes.
     """
     unit, scale = pick_unit(max(layout.size, 1))
-    traces = []
-    for kind, label in _KINDS.items():
-        mine = [p for p in layout.placements if graph.values[p.value].kind == kind]
-        traces.append(
-            {
-                "type": "bar",
-                "orientation": "h",
-                "name": label,
-                "base": [p.first - 0.5 for p in mine],
-                "x": [p.last - p.first + 1 for p in mine],
-                "y": [round((p.offset + p.size / 2) / scale, 6) for p in mine],
-                "width": [round(p.size / scale, 6) for p in mine],
-                "marker": {
-                    "color": KIND_COLORS[label],
-                    "line": {"width": 0.5, "color": "white"},
-                },
-                "text": [
-                    f"{storage_text(graph, p.value)}<br>offset {fmt_bytes(p.offset)}, "
-                    f"steps {p.first}-{p.last}"
-                    for p in mine
-                ],
-                "customdata": [[p.value, p.offset, p.size] for p in mine],  # exact bytes
-                "hovertemplate": "%{text}<extra></extra>",
-                "textposition": "none",
-            }
-        )
+    traces = [_storages(layout, graph, kind, label, scale) for kind, label in _KINDS.items()]
     steps = max((p.last for p in layout.placements), default=0) + 1
     for name, height, color in (
         (f"live peak {fmt_bytes(layout.live_peak)}", layout.live_peak, PEAK_COLOR),
@@ -80,20 +63,7 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
                 "hoverinfo": "skip",
             }
         )
-    shapes = []
-    if backward_start is not None:
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": backward_start - 0.5,
-                "x1": backward_start - 0.5,
-                "y0": 0,
-                "y1": 1,
-                "line": {"color": "#888888", "dash": "dot", "width": 1},
-            }
-        )
+    shapes = [] if backward_start is None else [_pass_boundary(backward_start)]
     return {
         "data": traces,
         "layout": {
@@ -107,7 +77,44 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
             "yaxis": {"title": {"text": f"address ({unit})"}, "rangemode": "tozero"},
             "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
             "shapes": shapes,
-            "plot_bgcolor": "white",
+            "plot_bgcolor": BACKGROUND,
             "meta": {"unit": unit, "size": scale, "steps": steps},
         },
+    }
+
+
+def _storages(layout: Any, graph: Any, kind: str, label: str, scale: float) -> dict:
+    """The storages of one kind as bars: from first to last step, at their offset."""
+    mine = [p for p in layout.placements if graph.values[p.value].kind == kind]
+    return {
+        "type": "bar",
+        "orientation": "h",
+        "name": label,
+        "base": [p.first - 0.5 for p in mine],
+        "x": [p.last - p.first + 1 for p in mine],
+        "y": [round((p.offset + p.size / 2) / scale, 6) for p in mine],
+        "width": [round(p.size / scale, 6) for p in mine],
+        "marker": {"color": KIND_COLORS[label], "line": {"width": 0.5, "color": EDGE}},
+        "text": [
+            f"{storage_text(graph, p.value)}<br>offset {fmt_bytes(p.offset)}, "
+            f"steps {p.first}-{p.last}"
+            for p in mine
+        ],
+        "customdata": [[p.value, p.offset, p.size] for p in mine],  # exact bytes
+        "hovertemplate": "%{text}<extra></extra>",
+        "textposition": "none",
+    }
+
+
+def _pass_boundary(backward_start: int) -> dict:
+    """A dotted vertical line between the forward and the backward."""
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": backward_start - 0.5,
+        "x1": backward_start - 0.5,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": PHASE_LINE, "dash": "dot", "width": 1},
     }

@@ -6,7 +6,9 @@ import dash_cytoscape as cyto
 from dash import dcc, html
 
 from app import ids
-from app.figures import FATE_COLORS, FATE_TEXT, graph_stylesheet
+from app.explain import FATE_TEXT
+from app.figures import graph_stylesheet
+from app.figures.palette import FATE_COLORS
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
 
@@ -30,7 +32,7 @@ model = core.apply_plan(model, plan)
 
 def build_layout(
     models: list[str], model: str, method: str, methods: list[str], startup_error: str
-):
+) -> html.Div:
     return html.Div(
         className="page",
         children=[
@@ -239,7 +241,8 @@ def _budget_row():
                                         type="text",
                                         debounce=True,  # commits on Enter or blur
                                         size="6",
-                                        inputMode="decimal",
+                                        # a decimal keypad on phones; the stubs miss it
+                                        inputMode="decimal",  # type: ignore[arg-type]
                                     ),
                                     " %",
                                 ],

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import dash
 import diskcache
@@ -17,6 +19,8 @@ from app.layout import build_layout
 from app.state import DEFAULT_MODEL, DEFAULT_OFFLOAD, Studio
 from core.errors import ServeError
 from core.trace.model_call import resolve_builder
+
+log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -44,14 +48,14 @@ def create_app(
         title="Remat Studio",
         assets_folder=str(ASSETS),
         background_callback_manager=manager,
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # None: keep the title while updating
     )
     method = studio.default_method()
     app.layout = build_layout(
         list(studio.builders), model, method, [method], startup_error=startup_error
     )
     callbacks.register(app, studio)
-    app.studio = studio  # for tests and the benchmark
+    app.studio = studio  # type: ignore[attr-defined]  # for tests and the benchmark
     if warm:
         key = studio.key(model, "estimated", "cpu")
         threading.Thread(target=_quietly, args=(studio.problem, key), daemon=True).start()
@@ -92,8 +96,10 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
-def _quietly(fn: Callable, *args) -> None:
+def _quietly(fn: Callable, *args: Any) -> None:
+    """`fn(*args)` in a warm-up thread: a failure is logged, not raised (the page shows the
+    error in its own words when it asks for the same model)."""
     try:
         fn(*args)
-    except Exception:  # the page shows the error when it asks for the same model
-        pass
+    except Exception:
+        log.warning("warming up with %s%r failed", getattr(fn, "__name__", fn), args, exc_info=True)

@@ -13,16 +13,9 @@ from helpers import fresh
 import core
 from app import figures
 from app.cache import LRU
-from app.state import (
-    Studio,
-    alive_at,
-    live_bands,
-    op_fates,
-    peak_hint,
-    slider_minimum,
-    step_view,
-    tensor_rows,
-)
+from app.explain import peak_hint, step_view, tensor_rows
+from app.readback import alive_at, live_bands, op_fates, slider_minimum
+from app.state import Studio
 
 
 def steps(live: list[tuple[int, int, int]], backward_start: int = 0) -> list:

@@ -7,16 +7,11 @@ import pytest
 from helpers import SEED_BYTES
 
 from app import figures
-from app.callbacks import _tradeoff, tradeoff_note
-from app.state import (
-    OFFLOAD_METHODS,
-    Studio,
-    link_text,
-    next_transfer,
-    percent,
-    step_view,
-    transfer_reason,
-)
+from app.callbacks.analysis import tradeoff_chart as _tradeoff
+from app.callbacks.analysis import tradeoff_note
+from app.explain import link_text, step_view, transfer_reason
+from app.readback import next_transfer, percent
+from app.state import OFFLOAD_METHODS, Studio
 from core.schedule import plan_of_program, store_all_plan
 from core.solvers.offload import with_transfer
 

@@ -1,4 +1,5 @@
-"""Browser tests for the app's three breaking bugs of issue 14 (headless Chromium)."""
+"""The page across analyses, in headless Chromium: model switches redraw the graph, pages
+opened at once all load, a setting changed while an analysis runs is applied."""
 
 from __future__ import annotations
 

@@ -1,0 +1,21 @@
+"""Callbacks: thin glue from page events to `app.state` (core, cached) and `app.figures`.
+
+One module per concern, each with a `register(app, studio)`; outputs are named (dicts), not
+long tuples.
+"""
+
+from __future__ import annotations
+
+from dash import Dash
+
+from app.callbacks import analysis, budget, export, graph, measured, memory, step_through
+from app.callbacks.common import plain_error
+from app.state import Studio
+
+__all__ = ["plain_error", "register"]
+
+
+def register(app: Dash, studio: Studio) -> None:
+    """Every callback of the page, by concern."""
+    for group in (analysis, budget, graph, memory, measured, step_through, export):
+        group.register(app, studio)

@@ -1,0 +1,134 @@
+"""The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves and
+redraws the timeline and the numbers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dash import ClientsideFunction, Dash, Input, Output, Patch, State, no_update
+from dash.exceptions import PreventUpdate
+
+import core
+from app import figures, ids
+from app.callbacks.common import fmt, plain_error
+from app.explain import peak_hint
+from app.state import Studio
+
+log = logging.getLogger(__name__)
+
+SOLVED = {
+    "timeline": Output(ids.TIMELINE, "figure"),
+    "peak": Output(ids.PEAK, "children"),
+    "overhead": Output(ids.OVERHEAD, "children"),
+    "recomputed": Output(ids.RECOMPUTED, "children"),
+    "solve_time": Output(ids.SOLVE_TIME, "children"),
+    "host": Output(ids.HOST, "children"),
+    "budget": Output(ids.BUDGET_BYTES, "children"),
+    "plan": Output(ids.PLAN, "data"),
+    "error": Output(ids.PLAN_ERROR, "children"),
+    "error_hidden": Output(ids.PLAN_ERROR, "hidden"),
+    "step": Output(ids.STEP, "data"),
+    "hint": Output(ids.BUDGET_HINT, "children"),
+}
+PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host")
+
+
+def register(app: Dash, studio: Studio) -> None:
+    app.clientside_callback(  # a slider move retires a refused typed budget's message
+        "function (value) { return true; }",
+        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
+        Input(ids.BUDGET, "value"),
+        prevent_initial_call=True,
+    )
+    app.clientside_callback(
+        ClientsideFunction("remat", "typedBudget"),
+        Output(ids.BUDGET, "value", allow_duplicate=True),
+        Output(ids.BUDGET_MESSAGE, "children"),
+        Output(ids.BUDGET_MESSAGE, "hidden"),
+        Input(ids.BUDGET_INPUT, "value"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
+
+    @app.callback(
+        output=SOLVED,
+        inputs=[Input(ids.BUDGET, "value"), Input(ids.CONTEXT, "data")],
+        state=[State(ids.STEP, "data")],
+        prevent_initial_call=True,
+    )
+    def solve(value, context, step):
+        """The slider's hot path: re-solve (cached), redraw the timeline and the numbers."""
+        if not context or not context.get("key") or value is None:
+            raise PreventUpdate
+        return solved(studio, context, value, step)
+
+    @app.callback(
+        Output(ids.TRADEOFF, "figure", allow_duplicate=True),
+        Input(ids.BUDGET, "value"),
+        prevent_initial_call=True,
+    )
+    def mark_budget(value):
+        patch = Patch()
+        patch["layout"]["shapes"][0] = figures.budget_shape(value)
+        return patch
+
+    @app.callback(
+        Output(ids.BUDGET, "value", allow_duplicate=True),
+        Input(ids.TRADEOFF, "clickData"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
+    def pick_budget(click, context):
+        if not click or not click.get("points") or not context or not context.get("key"):
+            raise PreventUpdate
+        x = float(click["points"][0]["x"])
+        return max(context["min_pct"], min(100.0, round(x * 2) / 2))
+
+
+def solved(studio: Studio, context: dict, value: float, step: int | None) -> dict[str, Any]:
+    """`SOLVED`'s values for a budget of `value`% of the store-all peak: the plan's timeline
+    and numbers, or the reason there is no plan."""
+    key, peak = context["key"], context["peak"]
+    method = context.get("offload") or context["method"]
+    budget = int(value / 100 * peak)
+    label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
+    try:
+        plan = studio.plan(key, method, budget)
+    except Exception as err:  # an infeasible budget, in words under the slider
+        if not isinstance(err, core.InfeasibleBudget):
+            log.exception("solving %s with %s at %s bytes failed", key, method, budget)
+        return {
+            **dict.fromkeys(PLAN_NUMBERS, no_update),
+            "budget": label,
+            "plan": None,
+            "error": plain_error(err),
+            "error_hidden": False,
+            "step": None,
+            "hint": "",
+        }
+    problem = studio.problem(key)
+    sim = plan.simulate()
+    fig = figures.timeline_figure(
+        plan.timeline,
+        plan.backward_start,
+        budget,
+        [b.name for b in problem.blocks],
+        unit=figures.pick_unit(peak),
+        host=sim.host,
+    )
+    fig["layout"]["meta"]["budget_pct"] = value
+    return {
+        "timeline": fig,
+        "peak": fmt(plan.predicted_peak),
+        "overhead": f"{100 * (plan.overhead - 1):.1f}%",
+        "recomputed": f"{plan.recomputed_ops}",
+        "solve_time": f"{plan.solve_seconds * 1e3:.0f} ms",
+        "host": fmt(sim.host_peak) if context.get("offload") else "–",
+        "budget": label,
+        "plan": {"key": key, "method": method, "budget": budget, "value": value},
+        "error": "",
+        "error_hidden": True,
+        "step": None if step is not None else no_update,
+        "hint": peak_hint(plan.timeline),
+    }

@@ -1,0 +1,113 @@
+"""The block graph: colours for the plan and the step, the op under the mouse, a block's ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, State, html
+from dash.exceptions import PreventUpdate
+
+from app import figures, ids
+from app.callbacks.common import plan_of, shown
+from app.explain import FATE_TEXT, step_view
+from app.readback import fate_of_ops, op_fates
+from app.state import Studio
+from core.errors import fmt_bytes
+
+
+def register(app: Dash, studio: Studio) -> None:
+    @app.callback(
+        output={
+            "sheet": Output(ids.GRAPH, "stylesheet"),
+            "label": Output(ids.STEP_TEXT, "children"),
+            "why": Output(ids.STEP_WHY, "children"),
+        },
+        inputs=[Input(ids.PLAN, "data"), Input(ids.STEP, "data")],
+        prevent_initial_call=True,
+    )
+    def colour_graph(plan_ref, step):
+        """Graph colours for the plan and the step-through highlight (off the slider's path)."""
+        plan, problem = plan_of(studio, plan_ref)
+        if plan is None:
+            return {"sheet": figures.graph_stylesheet(), "label": "", "why": ""}
+        fates = op_fates(problem, plan)
+        prefix = figures.graph_prefix(plan_ref["key"])
+        if step is None or step >= len(plan.program):
+            return {
+                "sheet": figures.graph_stylesheet(fates, prefix=prefix),
+                "label": f"{len(plan.program)} steps",
+                "why": "Press play or step to walk through the program.",
+            }
+        view = step_view(problem, plan, step)
+        sheet = figures.graph_stylesheet(
+            fates, view["running"], view["live"], view["block"], prefix
+        )
+        return {"sheet": sheet, "label": view["label"], "why": view["why"]}
+
+    @app.callback(
+        Output(ids.GRAPH_HOVER, "children"),
+        Input(ids.GRAPH, "mouseoverNodeData"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def hover_op(node, plan_ref):
+        """Name the op under the mouse: ATen op, bytes it allocates, what the plan does."""
+        if not node or node.get("op") is None:
+            raise PreventUpdate
+        plan, problem = shown(studio, plan_ref)
+        graph = problem.graph
+        op = graph.ops[int(node["op"])]
+        fate = fate_of_ops(problem, plan).get(op.index, "")
+        out = fmt_bytes(sum(graph.values[v].nbytes for v in op.outputs))
+        return f"{op.name}: {op.label}, block {node['block']}, allocates {out}" + (
+            f"; {FATE_TEXT[fate]}" if fate else ""
+        )
+
+    @app.callback(
+        Output(ids.BLOCK_PANEL, "children"),
+        Input(ids.GRAPH, "tapNodeData"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def open_block(node, plan_ref):
+        if not node:
+            raise PreventUpdate
+        plan, problem = shown(studio, plan_ref)
+        if node.get("block") is None:
+            raise PreventUpdate
+        return block_panel(problem, plan, int(node["block"]))
+
+
+def block_panel(problem: Any, plan: Any, index: int) -> list:
+    """One block's ops in a table: name, ATen op, bytes allocated, what the plan does."""
+    block = problem.blocks[index]
+    fate_of = fate_of_ops(problem, plan)
+    graph = problem.graph
+    same = [b.index for b in problem.blocks if b.kind == block.kind]
+
+    def row(o: int) -> html.Tr:
+        op = graph.ops[o]
+        out = sum(graph.values[v].nbytes for v in op.outputs)
+        fate = fate_of.get(o, "backward" if op.phase == "backward" else "")
+        return html.Tr(
+            [
+                html.Td(op.name),
+                html.Td(op.label),
+                html.Td(fmt_bytes(out)),
+                html.Td(fate, className=f"fate {fate}"),
+            ]
+        )
+
+    return [
+        html.H3(f"block {block.index} · {block.name}"),
+        html.P(
+            f"{len(block.forward_ops)} forward and {len(block.backward_ops)} backward ops; "
+            f"activations {fmt_bytes(block.activation_bytes)}; same kind as blocks "
+            f"{', '.join(map(str, same))}."
+        ),
+        html.Table(
+            [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen", "allocates", "plan")]))]
+            + [html.Tbody([row(o) for o in block.forward_ops + block.backward_ops])],
+            className="ops",
+        ),
+    ]

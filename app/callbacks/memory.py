@@ -1,0 +1,111 @@
+"""The memory views of the plan on screen: the step marker on the timeline, the per-tensor
+view, the transfer lane, the arena, and what is alive at the peak."""
+
+from __future__ import annotations
+
+from dash import Dash, Input, Output, Patch, State, html
+
+from app import figures, ids
+from app.arena import arena_figure
+from app.callbacks.common import plan_of, shown
+from app.explain import link_text
+from app.readback import alive_at, peak_step
+from app.state import Studio
+from core.errors import fmt_bytes
+from core.layout import arena
+
+PEAK_ROWS = 10  # storages listed at the peak
+
+
+def register(app: Dash, studio: Studio) -> None:
+    @app.callback(
+        Output(ids.TIMELINE, "figure", allow_duplicate=True),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def move_marker(step, plan_ref):
+        plan, problem = shown(studio, plan_ref)
+        patch = Patch()
+        _, size = figures.pick_unit(plan_ref and problem.store_all_peak)
+        height = max(plan.predicted_peak, plan_ref["budget"]) / size
+        patch["data"][figures.T_MARKER] = figures.marker_trace(step, height)
+        return patch
+
+    @app.callback(
+        Output(ids.TENSORS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_tensors(plan_ref):
+        """The per-tensor view of the plan on screen (a request of its own, off the slider's
+        timeline paint)."""
+        plan, problem = shown(studio, plan_ref)
+        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+        return figures.tensor_figure(
+            rows,
+            len(plan.program),
+            plan.backward_start,
+            unit=figures.pick_unit(problem.store_all_peak),
+        )
+
+    @app.callback(
+        Output(ids.TRANSFERS, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_transfers(plan_ref):
+        """The transfer lane of the plan on screen: copies and compute stalls over time."""
+        plan, problem = shown(studio, plan_ref)
+        sim, values = plan.simulate(), problem.graph.values
+        return figures.transfer_figure(
+            sim.transfers,
+            sim.waits,
+            [v.name for v in values],
+            [v.nbytes for v in values],
+            link_text(problem),
+        )
+
+    @app.callback(
+        Output(ids.ARENA, "figure"),
+        Input(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def draw_arena(plan_ref):
+        """The address-by-time view of the plan on screen (`core.layout.arena`)."""
+        plan, problem = shown(studio, plan_ref)
+        return arena_figure(arena(plan), problem.graph, plan.backward_start)
+
+    @app.callback(
+        Output(ids.PEAK_LIST, "children"),
+        Input(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def list_peak(step, plan_ref):
+        """At the peak step: what is alive there, largest first."""
+        plan, _ = plan_of(studio, plan_ref)
+        if plan is None or step is None or step != peak_step(plan.timeline):
+            return []
+        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+        return peak_list(alive_at(rows, step))
+
+
+def peak_list(rows: list[dict]) -> list:
+    """The storages alive at the peak, largest first (`PEAK_ROWS` of them, then a count);
+    each one's description in its tooltip."""
+    total = sum(r["nbytes"] for r in rows)
+    items = [
+        html.Li(
+            [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+            title=str(r["text"]),
+        )
+        for r in rows[:PEAK_ROWS]
+    ]
+    more = len(rows) - len(items)
+    return [
+        html.P(
+            f"This is the peak: {fmt_bytes(total)} in {len(rows)} storages set it. Largest first:"
+        ),
+        html.Ol(items + ([html.Li(f"… and {more} smaller")] if more > 0 else [])),
+    ]

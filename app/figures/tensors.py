@@ -1,0 +1,141 @@
+"""The per-tensor view: each live storage a band over program steps, stacked in allocation
+order (as pytorch.org/memory_viz draws allocations)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.figures.axes import phase_rect, pick_unit
+from app.figures.hover import hover_html
+from app.figures.palette import BACKGROUND, BACKWARD_SHADE, BAND_COLORS, EDGE, REST, UNKNOWN
+
+MAX_BANDS = 120  # storages drawn one by one in the per-tensor view; smaller ones are summed
+LEGEND = (
+    ("kept", "kept for the backward"),
+    ("recomputed", "recomputed"),
+    ("offloaded", "offloaded to host"),
+    ("freed", "freed in the forward"),
+    ("temporary", "temporary"),
+    ("gradient", "gradient"),
+)
+
+
+def tensor_figure(
+    rows: Sequence[dict],
+    n_steps: int,
+    backward_start: int,
+    unit: tuple[str, float] | None = None,
+    max_bands: int = MAX_BANDS,
+) -> dict:
+    """Each live storage as a band over program steps, stacked in allocation order: a band
+    slides down when one below it is freed.
+
+    `rows` are dicts (start, end, nbytes, fate, text) from `app.explain.tensor_rows`, steps
+    [start, end); `text` a `Note` or plain hover text. The `max_bands` largest are drawn one
+    by one; the rest are summed into one grey band on top, so every step's stack still
+    equals the live total.
+    """
+    rows = list(rows)
+    chosen = sorted(range(len(rows)), key=lambda i: -rows[i]["nbytes"])[:max_bands]
+    chosen.sort(key=lambda i: (rows[i]["start"], i))
+    alive = np.zeros((len(chosen), max(n_steps, 1)), dtype=np.int64)
+    for k, i in enumerate(chosen):
+        alive[k, rows[i]["start"] : rows[i]["end"]] = rows[i]["nbytes"]
+    offsets = np.cumsum(alive, axis=0) - alive  # bytes of earlier allocations still alive
+    total = np.zeros(max(n_steps, 1), dtype=np.int64)
+    for r in rows:
+        total[r["start"] : r["end"]] += r["nbytes"]
+    drawn = alive.sum(axis=0)
+    name, size = unit or pick_unit(int(total.max(initial=0)))
+    traces = [_band(rows[i], offsets[k], size) for k, i in enumerate(chosen)]
+    rest = total - drawn
+    if len(rows) > len(chosen) and rest.any():
+        traces.append(_rest(drawn, rest, n_steps, len(rows) - len(chosen), size))
+    legend = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "x": [None],
+            "y": [None],
+            "name": label,
+            "marker": {"symbol": "square", "size": 12, "color": BAND_COLORS[key]},
+        }
+        for key, label in LEGEND
+    ]
+    return {
+        "data": traces + legend,
+        "layout": {
+            "height": 380,
+            "margin": {"l": 60, "r": 10, "t": 24, "b": 70},
+            "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+            "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
+            "hovermode": "closest",
+            "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+            "shapes": [phase_rect(backward_start - 0.5, n_steps - 0.5, BACKWARD_SHADE)],
+            "plot_bgcolor": BACKGROUND,
+            "meta": {"unit": name, "bands": len(chosen), "storages": len(rows)},
+        },
+    }
+
+
+def _band(row: dict, offsets: np.ndarray, size: float) -> dict:
+    """One storage's band, on top of the earlier allocations alive beside it."""
+    x, top, bottom = _band_outline(
+        offsets[row["start"] : row["end"]], row["start"], row["nbytes"], size
+    )
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": x + x[::-1],
+        "y": top + bottom[::-1],
+        "fill": "toself",
+        "fillcolor": BAND_COLORS.get(row["fate"], UNKNOWN),
+        "line": {"width": 0.5, "color": EDGE},
+        "hoveron": "fills",
+        "hoverinfo": "text",
+        "text": hover_html(row["text"]),
+        "name": row.get("name", ""),
+        "showlegend": False,
+    }
+
+
+def _rest(drawn: np.ndarray, rest: np.ndarray, n_steps: int, count: int, size: float) -> dict:
+    """The storages not drawn one by one, summed into one grey band on top."""
+    steps = list(range(n_steps))
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": steps + steps[::-1],
+        "y": [round(float(drawn[i] + rest[i]) / size, 4) for i in steps]
+        + [round(float(drawn[i]) / size, 4) for i in reversed(steps)],
+        "fill": "toself",
+        "fillcolor": REST,
+        "line": {"width": 0, "shape": "hv"},
+        "hoveron": "fills",
+        "hoverinfo": "text",
+        "text": f"{count} smaller storages",
+        "name": "smaller storages",
+        "showlegend": False,
+        "meta": "rest",
+    }
+
+
+def _band_outline(
+    offsets: np.ndarray, start: int, nbytes: int, size: float
+) -> tuple[list[float], list[float], list[float]]:
+    """x, top and bottom of one band whose bottom is `offsets` from step `start` on, as
+    step corners only where the offset changes (a band is drawn from step-0.5 to step+0.5)."""
+    change = np.flatnonzero(np.diff(offsets)) + 1
+    cuts = [0, *change.tolist(), len(offsets)]
+    x: list[float] = []
+    top: list[float] = []
+    bottom: list[float] = []
+    for a, b in zip(cuts, cuts[1:]):
+        low = float(offsets[a]) / size
+        for edge in (start + a - 0.5, start + b - 0.5):
+            x.append(edge)
+            bottom.append(round(low, 4))
+            top.append(round(low + nbytes / size, 4))
+    return x, top, bottom
