@@ -65,8 +65,9 @@ def _outcome(name: str, model, inputs, want, load, bind=None) -> str:
     try:
         plan = load()
         if bind is not None:
-            plan.attach(bind)
+            plan = plan.attach(bind)
         wrapped = core.apply_plan(model, plan)
+        plan = wrapped.plan  # bound to the model's trace: its figures recomputed
     except RematError as e:
         OUTCOMES.append((name, f"{type(e).__name__}: {str(e)[:110]}"))
         return type(e).__name__
