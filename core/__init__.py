@@ -1,25 +1,43 @@
 """Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
 
-from core.errors import InfeasibleBudget, PlanFileError, PlanMismatch, UnsupportedModel
+from core.costs import DEVICES
+from core.errors import (
+    BudgetError,
+    InfeasibleBudget,
+    InvalidPlan,
+    PlanFileError,
+    PlanMismatch,
+    RematError,
+    UnsupportedModel,
+)
 from core.frontier import tradeoff
+from core.layout import Arena, arena
+from core.plan import Plan, load_plan
 from core.problem import Problem, analyze
+from core.reorder import reorder
 from core.runtime import apply_plan
-from core.schedule import Plan, load_plan
 from core.solvers import parse_budget, solve
 from core.trace.model_call import ModelCall
 
 __all__ = [
+    "DEVICES",
+    "Arena",
+    "BudgetError",
     "InfeasibleBudget",
+    "InvalidPlan",
     "ModelCall",
+    "Plan",
     "PlanFileError",
     "PlanMismatch",
-    "Plan",
     "Problem",
+    "RematError",
     "UnsupportedModel",
     "analyze",
     "apply_plan",
+    "arena",
     "load_plan",
     "parse_budget",
+    "reorder",
     "solve",
     "tradeoff",
 ]

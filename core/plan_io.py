@@ -6,9 +6,9 @@ Loading a file takes three steps, each refusing with a PlanFileError that says w
    no shared container (the "billion laughs"), bounded nesting and opcode count;
 2. an unpickler that refuses every global anyway, so nothing from the file can ever run;
 3. a schema check of every field's type, range and size.
-What the data means is `core.schedule.Plan.to_data` / `Plan.from_data`; the program's meaning
+What the data means is `core.plan.Plan.to_data` / `Plan.from_data`; the program's meaning
 (indices, liveness, budget) is checked against the model's graph by
-`core.validate.check_program` when the plan is applied.
+`core.validate.check_program` when the plan is bound to a model (`core.bind`).
 """
 
 from __future__ import annotations

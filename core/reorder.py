@@ -223,12 +223,10 @@ def reorder(plan: Plan) -> Plan:
             break
     if best is plan:
         return plan
-    best.solve_seconds = plan.solve_seconds
-    best.notes = list(plan.notes) + [
+    return best.replace(solve_seconds=plan.solve_seconds, notes=plan.notes).with_notes(
         f"reordered: peak {fmt_bytes(plan.predicted_peak)} -> {fmt_bytes(best.predicted_peak)} "
         "with the same runs"
-    ]
-    return best
+    )
 
 
 def solve_reordered(

@@ -4,14 +4,14 @@ A plan may come from a file someone edited, so nothing in it is trusted: every i
 checked against the graph, the program is walked by the simulator (which refuses a value read
 before it exists, a double free, a backward op in the forward pass, random ops out of their
 traced order, ...), and the peak the simulator finds, not the one the file records, must fit
-the plan's budget. `apply_plan` calls `check_program`; the runtime meets only checked programs.
+the plan's budget. `core.bind` calls `check_program`; the runtime meets only checked programs.
 """
 
 from __future__ import annotations
 
 from core.errors import InvalidPlan, fmt_bytes
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan
 from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, Simulation
 
 

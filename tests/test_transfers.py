@@ -26,9 +26,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 import core
 from core.memory import copy_bytes, storage_bytes
+from core.runtime.transfers import HostLane, HostStep, HostWork
 from core.schedule import store_all_plan
 from core.simulator import OFFLOAD
-from core.transfers import HostLane, HostStep, HostWork
 
 
 class DeferredLane(HostLane):

@@ -21,6 +21,7 @@ from bench import MissingExtra
 from bench.solvers import zoo_builders, zoo_rows, zoo_table
 from core.errors import PlanMismatch
 from core.memory import StorageTracker, step_tensors
+from core.runtime import PlannedModule
 from core.simulator import OFFLOAD
 from core.validate import check_program
 from sample_models.hf_zoo import ZOO, ZooCase, gpt2_meta
@@ -106,10 +107,11 @@ def _eager(case: ZooCase, start: dict) -> Eager:
 
 def _run_exactly(
     case: ZooCase, start: dict, plan: core.Plan, eager: Eager, steps: int = 1, **apply
-) -> int:
+) -> PlannedModule:
     """Run `plan` (apply_plan's keywords: `apply`) for `steps` steps of one planned module,
     each from the starting state, and hold each to eager's step bit for bit and to its
-    predicted peak; returns the planned module's measured host peak (the last step's)."""
+    predicted peak; returns the planned module (its `host_peak`: the last step's, measured;
+    its `plan`: the plan bound to the model)."""
     run = core.apply_plan(case.model, plan, **apply)
     for _ in range(steps):
         case.model.load_state_dict(start)
@@ -122,7 +124,7 @@ def _run_exactly(
             assert torch.equal(value, eager.state[key]), key
         assert torch.equal(torch.get_rng_state(), eager.rng)
         assert peak == plan.predicted_peak + SEED_BYTES, plan.method
-    return run.host_peak
+    return run
 
 
 def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(zoo):
@@ -137,7 +139,7 @@ def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(zoo):
     plans.append(core.solve(problem, between, method="rockmate"))
     assert plans[0].recomputed_ops > 0
     for plan in plans:
-        assert _run_exactly(case, start, plan, eager) == 0
+        assert _run_exactly(case, start, plan, eager).host_peak == 0
 
 
 def _offloaded_bytes(plan: core.Plan) -> int:
@@ -169,16 +171,18 @@ def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
         sim = check_program(plan, problem)
         assert _offloaded_bytes(plan) > 0 and sim.host_peak > 0, plan.method
         assert plan.predicted_peak <= plan.budget, plan.method
-        host = _run_exactly(case, start, plan, eager, steps=2)  # the host pool used again
+        host = _run_exactly(case, start, plan, eager, steps=2).host_peak  # the pool used again
         assert host == plan.predicted_host_bytes == sim.host_peak
         plan.save(tmp_path / f"{plan.method}.pkl")
     # as in another process: the first file is bound to a new trace of the model (the loss_fn
     # given again), the second to that same trace (one more trace would only cost time)
-    first = core.load_plan(tmp_path / f"{offload.method}.pkl")
-    host = _run_exactly(case, start, first, eager, loss_fn=case.loss_fn)
+    run = _run_exactly(
+        case, start, core.load_plan(tmp_path / f"{offload.method}.pkl"), eager, loss_fn=case.loss_fn
+    )
+    first, host = run.plan, run.host_peak  # the plan apply_plan bound to the new trace
     assert first.attached_problem() is not problem and host == offload.predicted_host_bytes
     second = core.load_plan(tmp_path / f"{pofo.method}.pkl").attach(first.attached_problem())
-    assert _run_exactly(case, start, second, eager) == pofo.predicted_host_bytes
+    assert _run_exactly(case, start, second, eager).host_peak == pofo.predicted_host_bytes
     for loaded, plan in ((first, offload), (second, pofo)):
         assert (loaded.program, loaded.predicted_peak) == (plan.program, plan.predicted_peak)
 

@@ -139,9 +139,8 @@ def solve(
         if effective >= problem.floor.nbytes:
             raise
         raise InfeasibleBudget(e.budget, e.minimum, e.method, problem.floor.describe()) from None
-    plan.solve_seconds = time.perf_counter() - start
-    plan.budget = asked
-    plan.notes = notes + plan.notes
+    plan = plan.replace(solve_seconds=time.perf_counter() - start, budget=asked)
+    plan = plan.with_notes(*notes, first=True)
     if plan.predicted_peak > effective:
         floor = problem.floor.describe() if effective < problem.floor.nbytes else ""
         raise InfeasibleBudget(asked, plan.predicted_peak, method, floor)

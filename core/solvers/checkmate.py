@@ -296,9 +296,11 @@ def whole_graph_ilp(
         if result.bound is not None and target == budget:
             bound = 1 + result.bound / problem.store_all_time
         if not result.optimal:
-            plan.notes.append(f"the ILP hit its {result.limit}: best schedule found")
+            plan = plan.with_notes(f"the ILP hit its {result.limit}: best schedule found")
             if bound is not None:
-                plan.notes.append(f"the ILP's lower bound at this budget: overhead {bound:.3f}")
+                plan = plan.with_notes(
+                    f"the ILP's lower bound at this budget: overhead {bound:.3f}"
+                )
         if plan.predicted_peak <= budget:
             return plan, bound
         target -= plan.predicted_peak - budget

@@ -61,7 +61,7 @@ def solve(problem: Problem, budget: int) -> Plan:
     plan, reached = best  # only the winner is simulated as a plan
     if reached.program == plan.program:
         return plan
-    return replace(plan, program=list(reached.program), backward_start=reached.start, _sim=None)
+    return replace(plan, program=list(reached.program), backward_start=reached.start)
 
 
 @dataclass

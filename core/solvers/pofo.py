@@ -372,5 +372,5 @@ def solve(problem: Problem, budget: int) -> Plan:
         raise InfeasibleBudget(budget, min(floors), "pofo")
     plan, note = min(plans, key=lambda pair: pair[0].predicted_time)
     if note is not None:
-        plan.notes.append(f"POFO's table found nothing faster at this budget: {note} plan")
+        plan = plan.with_notes(f"POFO's table found nothing faster at this budget: {note} plan")
     return plan

@@ -6,8 +6,6 @@ asked: their schedules compete with the chain's, the fastest plan that fits wins
 
 from __future__ import annotations
 
-import dataclasses
-
 from core.errors import InfeasibleBudget
 from core.problem import Problem, per_problem
 from core.schedule import Plan
@@ -32,7 +30,7 @@ def solve(problem: Problem, budget: int) -> Plan:
     except InfeasibleBudget:
         plan = None
     if plan is not None and budget < problem.store_all_peak:  # else no options were needed
-        plan.notes += option_notes(chain(problem, True))
+        plan = plan.with_notes(*option_notes(chain(problem, True)))
     if budget < problem.store_all_peak:
         plan = _faster(plan, whole_graph_plan(problem, budget))
         if plan is None or plan.overhead > WHOLE_GRAPH_OVERHEAD:
@@ -57,9 +55,8 @@ def minimum(problem: Problem) -> int:
 
 def _whole_graph_ilp(problem: Problem, budget: int) -> Plan | None:
     """The bounded whole-graph ILP's plan at `budget` on a graph of at most WHOLE_GRAPH_MAX_OPS ops
-    (None above, or when it finds nothing); a fresh copy of the memoised plan each call."""
-    found = _memoised_ilp(problem, budget)
-    return None if found is None else dataclasses.replace(found, notes=list(found.notes))
+    (None above, or when it finds nothing); memoised per problem and budget."""
+    return _memoised_ilp(problem, budget)
 
 
 @per_problem
@@ -76,6 +73,6 @@ def _memoised_ilp(problem: Problem, budget: int) -> Plan | None:
     )
     if found is None:
         return None
-    plan = found[0]
-    plan.notes.insert(0, f"the whole graph ({len(problem.graph.ops)} ops) solved by the ILP")
-    return plan
+    return found[0].with_notes(
+        f"the whole graph ({len(problem.graph.ops)} ops) solved by the ILP", first=True
+    )

@@ -1,0 +1,131 @@
+"""`apply_plan(model, plan)`: a drop-in module whose training steps run the plan.
+
+The wrapped module's forward runs the forward part of the plan's program (the same
+instructions the simulator walked) inside one `torch.autograd.Function`
+(`core.runtime.interpreter`), keeping what the plan keeps; `loss.backward()` then runs the
+rest of the program, recomputing what the plan recomputes, and hands autograd the parameter
+gradients, which land in the model's own `.grad`. Eval mode and `no_grad` run the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.bind import bind
+from core.errors import PlanMismatch
+from core.graph import Graph
+from core.plan import Plan
+from core.runtime.interpreter import CompiledProgram, PlanFunction
+from core.runtime.transfers import HostLane, lane_for
+from core.trace import TensorSpec, split_call, unflatten_output
+
+
+class PlannedModule(nn.Module):
+    """A drop-in for `model` that trains under a plan; eval mode and no_grad run the model."""
+
+    def __init__(
+        self, model: nn.Module, graph: Graph, plan: Plan, loss_fn: Callable | None = None
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.plan = plan
+        self._graph = graph
+        self._program = CompiledProgram(graph, plan)
+        self._lanes: dict[torch.device, HostLane] = {}  # an offloading plan's copies, per device
+        if self._program.transfers:  # an unsupported device is refused here, not mid-step
+            self._lane(next((p.device for p in model.parameters()), torch.device("cpu")))
+        self.host_peak = 0  # bytes the last step parked on the host at once (measured)
+        trace = graph.trace
+        params = dict(model.named_parameters())
+        self._param_names = trace.param_names
+        self._state_slots = [_slot(model, name) for name in trace.state_names]
+        self._params = [params[n] for n in trace.param_names]
+        self._input_specs = trace.input_specs
+        self._grad_inputs = set(trace.grad_inputs)
+        self._call = trace.call
+
+    def _lane(self, device: torch.device) -> HostLane:
+        if device not in self._lanes:
+            self._lanes[device] = lane_for(device)
+        return self._lanes[device]
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Buffers and frozen parameters, looked up each step (they may be reassigned)."""
+        return [getattr(mod, attr) for mod, attr in self._state_slots]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output, as `model(*args, **kwargs)` gives it; with a plan made with a
+        loss_fn, the loss `loss_fn(output, *targets)`, targets given as `targets=` (a tensor
+        or a tuple of them)."""
+        targets: tuple = ()
+        if self._call.loss:
+            given = kwargs.pop("targets", ())
+            targets = (given,) if isinstance(given, torch.Tensor) else tuple(given)
+        if not (torch.is_grad_enabled() and self.model.training):
+            out = self.model(*args, **kwargs)
+            return self.loss_fn(out, *targets) if self.loss_fn is not None else out
+        inputs = self._check_call(args, kwargs, targets)
+        outputs = PlanFunction.apply(self, len(self._params), *self._params, *inputs)
+        return unflatten_output(list(outputs), self._graph.trace.output_spec)
+
+    def _check_call(self, args: tuple, kwargs: dict, targets: tuple) -> list[Any]:
+        """The call's tensors, checked against the plan's call: structure, bound values."""
+        inputs, call = split_call(args, kwargs, targets, self._call.loss)
+        mine = self._call
+        if call.tree != mine.tree or call.n_targets != mine.n_targets:
+            raise PlanMismatch(
+                f"the plan was made for a call {mine.describe()}, got {call.describe()}"
+            )
+        for (i, want), (_, got) in zip(mine.constants, call.constants, strict=True):
+            if type(want) is not type(got) or want != got:
+                raise PlanMismatch(
+                    f"argument {mine.leaf_name(i)} is {got!r}, the plan was made with "
+                    f"{want!r}: make a plan for this call"
+                )
+        self._check_inputs(inputs)
+        return inputs
+
+    def _check_inputs(self, inputs: Sequence[Any]) -> None:
+        if len(inputs) != len(self._input_specs):
+            raise PlanMismatch(
+                f"the plan was made for {len(self._input_specs)} inputs, got {len(inputs)}"
+            )
+        for i, (x, spec) in enumerate(zip(inputs, self._input_specs, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                raise PlanMismatch(f"input {i} is a {type(x).__name__}, the plan expects {spec}")
+            got = TensorSpec.of(x)
+            if got != spec:
+                raise PlanMismatch(
+                    f"input {i} is {got}, the plan was made for {spec}: make a plan for these "
+                    "shapes (remat plan ... or core.solve on a problem analysed with them)"
+                )
+            if x.requires_grad != (i in self._grad_inputs):
+                need = "requires" if i in self._grad_inputs else "does not require"
+                raise PlanMismatch(f"input {i}: the plan was made for an input that {need} grad")
+
+
+def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    module, _, attr = name.rpartition(".")
+    return model.get_submodule(module), attr
+
+
+def apply_plan(
+    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> PlannedModule:
+    """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
+    made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
+    be passed the same way (positions, keywords). A plan made with a loss_fn needs it again
+    here when loaded from a file (the same function: its ops are checked); the module then
+    returns the loss: `loss = planned(*args, **kwargs, targets=y)`.
+
+    Nothing in the plan is trusted: `core.bind` checks it against the model (PlanMismatch,
+    InvalidPlan naming the step and the reason); the module's `.plan` is the bound plan, its
+    predictions recomputed on the model's own trace, not read from a file.
+    """
+    bound = bind(model, plan, loss_fn)
+    return PlannedModule(model, bound.graph, bound.plan, bound.loss_fn)
