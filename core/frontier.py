@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan
 from core.solvers import rockmate, solve
 from core.solvers.rotor import chain_minimum
 

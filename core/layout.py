@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.graph import Graph
-from core.schedule import Plan
+from core.plan import Plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Step, Transfer
 
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from core.errors import InfeasibleBudget, RematError, fmt_bytes
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan, plan_from_runs
+from core.schedule import plan_from_runs
 from core.simulator import RUN
 
 ROUNDS = 3  # greedy rounds, each seeded with the best order so far

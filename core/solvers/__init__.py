@@ -12,9 +12,9 @@ import time
 from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
+from core.plan import Plan
 from core.problem import Problem
 from core.reorder import solve_reordered
-from core.schedule import Plan
 from core.solvers import (
     checkmate,
     checkpoint_blocks,

@@ -25,8 +25,9 @@ import highspy
 import pulp
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_from_runs
+from core.schedule import plan_from_runs
 from core.simulator import Dag, graph_dag
 
 DEFAULT_SOLVER = os.environ.get("REMAT_ILP_SOLVER", "highs")

@@ -7,8 +7,9 @@ recomputing it would save nothing.
 from __future__ import annotations
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan, plan_from_runs
+from core.schedule import plan_from_runs
 from core.simulator import graph_dag
 from core.solvers.keep_sets import Recompute
 

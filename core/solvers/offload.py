@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, TransferProbe, walk_step
 from core.solvers.rotor import chain_plan
 

@@ -31,8 +31,9 @@ from pathlib import Path
 import pulp
 
 from core import simulator
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_from_runs
+from core.schedule import plan_from_runs
 from core.simulator import (
     Dag,
     DagOp,

@@ -40,8 +40,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_of_program, store_all_plan
+from core.schedule import plan_of_program, store_all_plan
 from core.simulator import OFFLOAD, PREFETCH, RUN, Instruction, Link, program_from_runs, walk_step
 from core.solvers import rockmate
 from core.solvers.options import chain, layout

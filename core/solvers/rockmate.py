@@ -7,8 +7,8 @@ asked: their schedules compete with the chain's, the fastest plan that fits wins
 from __future__ import annotations
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan
 from core.solvers.checkmate import DEFAULT_SOLVER, whole_graph_ilp
 from core.solvers.options import chain, option_notes, whole_graph_plan, whole_graph_schedules
 from core.solvers.rotor import chain_minimum, chain_plan

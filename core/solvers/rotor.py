@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem, per_problem
-from core.schedule import Plan, plan_of_program, store_all_plan
+from core.schedule import plan_of_program, store_all_plan
 from core.simulator import Instruction, StepRuns, program_from_runs
 from core.solvers.options import chain, layout
 from core.solvers.rotor_table import ChainBlock, Table, compute_table, runs_of, sequence

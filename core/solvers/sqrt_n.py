@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan
 from core.solvers.checkpoint_blocks import checkpointed_plan
 
 

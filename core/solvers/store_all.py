@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from core.errors import InfeasibleBudget
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan, store_all_plan
+from core.schedule import store_all_plan
 
 
 def solve(problem: Problem, budget: int) -> Plan:
