@@ -97,7 +97,12 @@ def test_rockmate_on_gpt_1layer_at_55_percent_is_within_5_percent_of_the_whole_g
 
 @pytest.mark.parametrize(
     ("name", "fraction"),
-    [("unet-small", 0.5), ("unet-tiny", 0.6), ("unet-tiny", 0.65), ("gpt-1layer", 0.55)],
+    [
+        pytest.param("unet-small", 0.5, marks=pytest.mark.slow),
+        ("unet-tiny", 0.6),
+        ("unet-tiny", 0.65),
+        pytest.param("gpt-1layer", 0.55, marks=pytest.mark.slow),
+    ],
 )
 def test_nested_plans_run_exactly_with_eager_gradients_and_batch_norm_statistics(name, fraction):
     """Chain plans with nested block options (unet-small, unet-tiny at 65%), whole-graph
