@@ -15,6 +15,8 @@ running statistics included) is reset before each step and gradients start from 
    and eager's are medians of all their steps.
 
 One thread throughout: on this 2-core CPU, OpenMP stalls made multi-threaded steps vary 2x.
+The strategies are built in bench/strategies.py and each step is measured by bench/measure.py;
+this module runs the phases per model and holds the command line.
 """
 
 from __future__ import annotations
