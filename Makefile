@@ -1,10 +1,11 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
+# `make test-fast` leaves out the slow tests (browser, benchmarks, long runs): a few minutes.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 
-.PHONY: install browser run test lint bench clean
+.PHONY: install browser run test test-fast lint bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,8 +35,12 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# every test, the slow ones (browser included) too
 test: install browser lint
 	$(VENV)/bin/pytest -q
+
+test-fast: install lint
+	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: install
 	$(VENV)/bin/remat bench

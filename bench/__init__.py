@@ -5,6 +5,8 @@ the PNG chart, playwright for `--app`, transformers for the zoo of `--solvers`) 
 `bench` extra: `pip install '.[bench]'`.
 
 - compare: real training steps, side by side with torch.utils.checkpoint and torch.compile
+  (its command line and per-model phases); strategies: the step functions it compares;
+  measure: gradients, peaks and paired times of one step
 - report: the results as tables, Markdown, CSV, a PNG and an HTML chart
 - runtime: the runtime's overhead over eager, and the calibration of measured op costs
 - solvers: solver quality and speed, on the sample models and the Hugging Face zoo

@@ -15,19 +15,19 @@ running statistics included) is reset before each step and gradients start from 
    and eager's are medians of all their steps.
 
 One thread throughout: on this 2-core CPU, OpenMP stalls made multi-threaded steps vary 2x.
+The strategies are built in bench/strategies.py and each step is measured by bench/measure.py;
+this module runs the phases per model and holds the command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import functools
 import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,16 @@ from torch import nn
 
 import core
 import sample_models
+from bench.measure import Runner, bench_settings, grad_error
 from bench.report import Row, environment, print_tables, write_results
+from bench.strategies import OUR_BUDGETS, Strategy, our_strategies, pytorch_strategies
+
+# re-exported: tests/test_bench.py reaches them through this module
+from bench.strategies import _checkpointed as _checkpointed
+from bench.strategies import _patched_forward as _patched_forward
+from bench.strategies import find_blocks as find_blocks
 from core.costs import measure_link
-from core.errors import fmt_bytes
-from core.frontier import minimum_budget
-from core.memory import StorageTracker, host_copy, step_tensors
-from core.schedule import Plan
-from core.solvers import available_methods
+from core.problem import Problem
 
 QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 # Every sample model but gpt2-small: its step takes ~70 s on a CPU core, and pairing every
@@ -50,436 +53,17 @@ QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 SLOW_MODELS = ["gpt2-small"]
 FULL_MODELS = [m for m in sample_models.names() if m not in SLOW_MODELS]
 OUR_METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "offload")
-# fractions of problem.store_all_peak, plus the minimum feasible; 25% is the goal's point
-OUR_BUDGETS = (0.7, 0.5, 0.3, 0.25)
-COMPILE_BUDGETS = (0.5, 0.2)  # torch._functorch.config.activation_memory_budget
-# aot_eager at 1.0 recomputes nothing: a reference that separates the decompositions' own
-# rounding from the differences the budget's recomputation brings (fresh dropout masks).
-AOT_REFERENCE_BUDGET = 1.0
-EVERY_K = 2
-# Outputs selective checkpointing keeps: matmuls and convolutions (the expensive ops).
-SAC_SAVE = frozenset(
-    getattr(torch.ops.aten, name).default
-    for name in ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution")
-)
 
-StepFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
-
-@dataclass
-class Strategy:
-    key: str
-    name: str
-    family: str
-    budget: str
-    step: StepFn
-    peak_source: str = "tracker"
-    predicted_peak: float = math.nan
-    predicted_overhead: float = math.nan
-    note: str = ""
-
-
-# ---------------------------------------------------------------------------------------------
-# Blocks: the model's repeated layers, for torch.utils.checkpoint
-
-
-def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated layers: children of an nn.ModuleList/Sequential, grouped by class;
-    among classes with children of their own, the one whose instances hold the most parameters
-    wins (ties: more instances, then the innermost), so ResNet gives its BasicBlocks, RegNet
-    its XBlocks (not the Conv2d of its conv-BN pairs), GPT its transformer blocks.
-    """
-    containers = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
-    members: dict[type, list[nn.Module]] = {}
-    depth_of: dict[type, int] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
-            continue
-        for child in module.children():
-            if isinstance(child, containers) or not any(True for _ in child.parameters()):
-                continue
-            found = members.setdefault(type(child), [])
-            if all(child is not m for m in found):
-                found.append(child)
-            depth_of[type(child)] = max(depth_of.get(type(child), 0), name.count(".") + 1)
-
-    def score(cls: type) -> tuple[int, int, int]:
-        params = {id(p): p.numel() for m in members[cls] for p in m.parameters()}
-        return (sum(params.values()), len(members[cls]), depth_of[cls])
-
-    candidates = [cls for cls, found in members.items() if len(found) >= 2]
-    composite = [c for c in candidates if any(True for _ in members[c][0].children())]
-    candidates = composite or candidates  # a block is made of layers; leaves only as a fallback
-    if not candidates:
-        return []
-    return members[max(candidates, key=score)]
-
-
-@contextmanager
-def _patched_forward(blocks: Iterable[nn.Module], wrap: Callable[[Callable], Callable]):
-    """Temporarily replace each block's forward by `wrap(original forward)`."""
-    blocks = list(blocks)
-    for b in blocks:
-        b.forward = wrap(type(b).forward.__get__(b))
-    try:
-        yield
-    finally:
-        for b in blocks:
-            del b.forward  # the instance attribute; the class's forward shows through again
-
-
-def _checkpointed(fn: Callable, context_fn: Callable | None = None) -> Callable:
-    from torch.utils.checkpoint import checkpoint
-
-    kwargs: dict[str, Any] = {"context_fn": context_fn} if context_fn is not None else {}
-
-    @functools.wraps(fn)
-    def forward(*args, **kw):
-        return checkpoint(fn, *args, use_reentrant=False, **kwargs, **kw)
-
-    return forward
-
-
-def _sac_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _sac_context():
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_sac_policy)
-
-
-# ---------------------------------------------------------------------------------------------
-# Strategies
-
-
-def _eager_step(model: Callable[..., torch.Tensor]) -> StepFn:
-    def step(inputs):
-        loss = model(*inputs)
-        loss.backward()
-        return loss
-
-    return step
-
-
-def _patched_step(model: nn.Module, blocks: list[nn.Module], wrap) -> StepFn:
-    def step(inputs):
-        with _patched_forward(blocks, wrap):
-            loss = model(*inputs)
-        loss.backward()
-        return loss
-
-    return step
-
-
-@contextmanager
-def save_on_host(device: torch.device):
-    """PyTorch's own offloading: every tensor autograd saves goes to host memory and comes back
-    for the backward. On CUDA, `torch.autograd.graph.save_on_cpu(pin_memory=True)` itself. On
-    CPU, where host and device are one memory and `save_on_cpu` would copy nothing, the same
-    pack and unpack: a copy into host storage the tracker does not count (as the runtime's
-    host pool), and a fresh device copy for each unpack, which it does count."""
-    if device.type != "cpu":
-        with torch.autograd.graph.save_on_cpu(pin_memory=True):
-            yield
-        return
-
-    def unpack(host: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(host)
-        out.copy_(host)
-        return out
-
-    with torch.autograd.graph.saved_tensors_hooks(host_copy, unpack):
-        yield
-
-
-def _offloaded_step(model: nn.Module, blocks: list[nn.Module]) -> StepFn:
-    device = next(model.parameters()).device
-
-    def step(inputs):
-        with save_on_host(device), _patched_forward(blocks, _checkpointed):
-            loss = model(*inputs)
-        loss.backward()
-        return loss
-
-    return step
-
-
-def _compile_backend(name: str, budget: float):
-    """A backend with its own identity (so dynamo keeps one cache entry per strategy) that
-    partitions with `activation_memory_budget = budget`."""
-    from torch._dynamo.backends.registry import lookup_backend
-
-    inner = lookup_backend(name)
-
-    def backend(gm, example_inputs):
-        with torch._functorch.config.patch(activation_memory_budget=budget):
-            return inner(gm, example_inputs)
-
-    backend.__name__ = f"{name}_budget_{budget}"
-    return backend
-
-
-def _on_cpu(model: nn.Module) -> bool:
-    return next(model.parameters()).device.type == "cpu"
-
-
-def pytorch_strategies(
-    model: nn.Module, compile_backends: Sequence[str] = ("aot_eager_decomp_partition",)
-) -> list[Strategy]:
-    blocks = find_blocks(model)
-    every_k = blocks[::EVERY_K]
-    n = len(blocks)
-    kind = type(blocks[0]).__name__ if blocks else "block"
-    out = [Strategy("eager", "eager PyTorch", "pytorch", "-", _eager_step(model))]
-    host = " [CPU: emulated]" if _on_cpu(model) else ""
-    out.append(
-        Strategy(
-            "soc",
-            f"torch save_on_cpu, every saved tensor{host}",
-            "pytorch",
-            "-",
-            _offloaded_step(model, []),
-        )
-    )
-    if blocks:
-        out += [
-            Strategy(
-                "ckpt",
-                f"torch checkpoint, every block ({n} {kind})",
-                "pytorch",
-                "-",
-                _patched_step(model, blocks, _checkpointed),
-            ),
-            Strategy(
-                f"ckpt{EVERY_K}",
-                f"torch checkpoint, every {EVERY_K}nd block ({len(every_k)} of {n})",
-                "pytorch",
-                "-",
-                _patched_step(model, every_k, _checkpointed),
-            ),
-            Strategy(
-                "sac",
-                "selective checkpoint (save matmul/conv), every block",
-                "pytorch",
-                "-",
-                _patched_step(model, blocks, lambda fn: _checkpointed(fn, context_fn=_sac_context)),
-            ),
-            Strategy(
-                "soc+ckpt",
-                f"torch save_on_cpu + checkpoint, every block{host}",
-                "pytorch",
-                "-",
-                _offloaded_step(model, blocks),
-            ),
-        ]
-    for backend in compile_backends:
-        short = "aot" if backend.startswith("aot") else backend
-        budgets: tuple[float, ...] = COMPILE_BUDGETS
-        if short == "aot":
-            budgets = (AOT_REFERENCE_BUDGET, *budgets)
-        for b in budgets:
-            compiled = torch.compile(model, backend=_compile_backend(backend, b))
-            out.append(
-                Strategy(
-                    f"{short}-{b}",
-                    f"torch.compile {backend}",
-                    "pytorch",
-                    f"activation_memory_budget {b}",
-                    _eager_step(compiled),
-                    peak_source="profiler" if backend == "inductor" else "tracker",
-                )
-            )
-    return out
-
-
-def our_strategies(
-    model: nn.Module,
-    problem,
-    methods: Sequence[str],
-    budgets: Sequence[float] = OUR_BUDGETS,
-    log: Callable[[str], None] = print,
-) -> list[Strategy]:
-    """One strategy per distinct plan: a budget whose plan equals another's shares its row."""
-    peak = problem.store_all_peak
-    out: list[Strategy] = []
-    for method in methods:
-        if method not in available_methods():
-            log(f"[yellow]skipped ours {method}: not in core.solvers.available_methods()[/]")
-            continue
-        try:
-            low = minimum_budget(problem, method)
-        except Exception as e:  # a solver in progress must not stop the bench
-            log(f"[red]ours {method}: minimum budget failed: {type(e).__name__}: {e}[/]")
-            continue
-        plans: dict[tuple, tuple[list[str], Plan]] = {}
-        asked = [(f"{b:.0%}", int(b * peak)) for b in budgets if int(b * peak) >= low]
-        skipped = [f"{b:.0%}" for b in budgets if int(b * peak) < low]
-        asked.append((f"min {low / peak:.0%}", low))
-        min_asked = dict(asked)
-        for label, bytes_ in asked:
-            try:
-                plan = core.solve(problem, bytes_, method)
-            except Exception as e:
-                log(f"[red]ours {method} at {label}: {type(e).__name__}: {e}[/]")
-                continue
-            key = (tuple(plan.program), plan.backward_start)
-            plans.setdefault(key, ([], plan))[0].append(label)
-        if skipped:
-            log(f"ours {method}: {', '.join(skipped)} below its minimum {low / peak:.0%}")
-        for labels, plan in plans.values():
-            wrapped = core.apply_plan(model, plan)
-            first = labels[0].removeprefix("min ")
-            out.append(
-                Strategy(
-                    f"ours:{method}@{first}",
-                    f"ours {method}",
-                    "ours",
-                    ", ".join(labels) + f" ({fmt_bytes(min_asked[labels[-1]])})",
-                    _eager_step(wrapped),
-                    predicted_peak=plan.predicted_peak,
-                    predicted_overhead=plan.overhead,
-                )
-            )
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring
-
-
-class _CompileTracker(StorageTracker):
-    """The storage tracker, letting torch.compile compile and run underneath it (any other
-    dispatch mode makes dynamo fall back to eager)."""
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-
-def profiler_peak(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated (beyond what was live before) while `fn` runs, from the CPU
-    allocator's events: sees every allocation, inductor's generated code included, and also
-    library scratch buffers (oneDNN) the tracker does not."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-        fn()
-    events = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
-    return peak
-
-
-def cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes the CUDA allocator held while `fn` ran, beyond what it held before."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class _Runner:
-    """Runs one step of a strategy from the same starting state every time."""
-
-    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0) -> None:
-        self.model, self.inputs, self.seed = model, tuple(inputs), seed
-        self.device = next(model.parameters()).device
-        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-    def reset(self) -> None:
-        self.model.load_state_dict(self.state)
-        self.model.zero_grad(set_to_none=True)
-        torch.manual_seed(self.seed)
-
-    def grads(self, step: StepFn) -> list[torch.Tensor | None]:
-        self.reset()
-        step(self.inputs)
-        return [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
-
-    def peak(self, step: StepFn, source: str) -> int:
-        self.reset()
-        if source == "profiler":
-            return profiler_peak(lambda: step(self.inputs))
-        if source == "cuda":
-            return cuda_peak(lambda: step(self.inputs), self.device)
-        with _CompileTracker(step_tensors(self.model, self.inputs)) as tracker:
-            step(self.inputs)
-        return tracker.peak
-
-    def time(self, step: StepFn) -> float:
-        self.reset()
-        _sync(self.device)
-        start = time.perf_counter()
-        step(self.inputs)
-        _sync(self.device)
-        return time.perf_counter() - start
-
-    def _params(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-
-def grad_error(grads: list, ref: list) -> tuple[float, bool]:
-    """Max abs difference from the reference gradients, and whether assert_close passes."""
-    worst, match = 0.0, True
-    for g, r in zip(grads, ref, strict=True):
-        if (g is None) != (r is None):
-            return math.inf, False
-        if g is None:
-            continue
-        worst = max(worst, (g - r).abs().max().item() if g.numel() else 0.0)
-        try:
-            torch.testing.assert_close(g, r)
-        except AssertionError:
-            match = False
-    return worst, match
-
-
-def _analyze(model, inputs, name: str, log):
+def _analyze(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str, log: Callable[[str], None]
+) -> Problem:
+    """The problem with measured op costs, or estimated ones if measuring fails."""
     try:
         return core.analyze(model, inputs, costs="measured", name=name)
     except Exception as e:  # measured costs are new: fall back rather than stop
         log(f"[yellow]{name}: measured costs failed ({type(e).__name__}: {e}); using estimated[/]")
         return core.analyze(model, inputs, costs="estimated", name=name)
-
-
-@contextmanager
-def _bench_settings():
-    """1 thread; inductor draws random numbers as eager does, so a gradient difference is the
-    memory budget's recompute, not inductor's own RNG."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with ExitStack() as stack:
-        try:
-            import torch._inductor.config as inductor_config
-
-            stack.enter_context(inductor_config.patch(fallback_random=True))
-            # One cache entry per compiled strategy; past the limit dynamo would silently run
-            # eager instead, so raise the limit and make hitting it an error.
-            stack.enter_context(
-                torch._dynamo.config.patch(recompile_limit=32, fail_on_recompile_limit_hit=True)
-            )
-        except ImportError:
-            pass
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
 
 
 def run_bench(
@@ -513,60 +97,103 @@ def run_bench(
         TimeElapsedColumn(),
     ]
     with (
-        _bench_settings(),
+        bench_settings(),
         Progress(*columns, console=console, disable=not show_progress, transient=False) as progress,
     ):
         task = progress.add_task("bench", total=len(models))
         for name in models:
-            progress.update(task, description=f"{name}: building")
+            out = _Reporter(name, console, progress, task)
+            out.status("building")
             rows += _bench_model(
-                name,
-                reps,
-                methods,
-                budgets,
-                compile_backends,
-                keep,
-                console,
-                progress,
-                task,
-                torch.device(device),
+                out, reps, methods, budgets, compile_backends, keep, torch.device(device)
             )
     return rows
 
 
+class _Reporter:
+    """One model's progress line and log in `run_bench`."""
+
+    def __init__(self, name: str, console: Any, progress: Any, task: Any) -> None:
+        self.name, self.console, self.progress, self.task = name, console, progress, task
+
+    def status(self, text: str) -> None:
+        self.progress.update(self.task, description=f"{self.name}: {text}")
+
+    def log(self, msg: str) -> None:
+        self.console.print(f"  {self.name}: {msg}")
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    def add_steps(self, steps: int) -> None:
+        self.progress.update(self.task, total=self.progress.tasks[self.task].total + steps)
+
+
 def _bench_model(
-    name, reps, methods, budgets, compile_backends, keep, console, progress, task, device
-):
-    def log(msg: str) -> None:
-        console.print(f"  {name}: {msg}")
+    out: _Reporter,
+    reps: int,
+    methods: Sequence[str],
+    budgets: Sequence[float],
+    compile_backends: Sequence[str],
+    keep: list[str] | None,
+    device: torch.device,
+) -> list[Row]:
+    """Every wanted strategy on sample model `out.name`: gradient check, peak, paired times."""
+    torch._dynamo.reset()  # the previous model's compiled entries share this forward's code
+    model, inputs = sample_models.build(out.name)
+    model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
+    runner = Runner(model, inputs)
+    out.status("setup")
+    strategies = _wanted_strategies(model, inputs, methods, budgets, compile_backends, keep, out)
+    if device.type == "cuda":  # one allocator sees every strategy's memory, inductor's too
+        strategies = [replace(s, peak_source="cuda") for s in strategies]
+    n = len(strategies)
+    out.add_steps(2 * n + reps * n)
+    rows = _check_gradients(runner, strategies, out)
+    live = [s for s in strategies if not rows[s.key].note.startswith("failed")]
+    eager_peaks = _measure_peaks(runner, strategies[0], live, rows, out)
+    live = [s for s in live if rows[s.key].ok]
+    _time_pairs(runner, strategies[0], live, rows, reps, out)
+    _summarise(rows, rows[strategies[0].key], eager_peaks)
+    out.advance()
+    out.status("done")
+    return list(rows.values())
+
+
+def _wanted_strategies(
+    model: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    methods: Sequence[str],
+    budgets: Sequence[float],
+    compile_backends: Sequence[str],
+    keep: list[str] | None,
+    out: _Reporter,
+) -> list[Strategy]:
+    """PyTorch's strategies, then ours (analysed and solved here), those `keep` asks for."""
 
     def wanted(key: str) -> bool:
         return keep is None or key == "eager" or any(key.startswith(k) for k in keep)
 
-    torch._dynamo.reset()  # the previous model's compiled entries share this forward's code
-    model, inputs = sample_models.build(name)
-    model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
-    runner = _Runner(model, inputs)
-    progress.update(task, description=f"{name}: setup")
     strategies = [s for s in pytorch_strategies(model, compile_backends) if wanted(s.key)]
     if any(wanted(f"ours:{m}") for m in methods):
-        progress.update(task, description=f"{name}: analyze + solve")
-        problem = _analyze(model, inputs, name, log)
+        out.status("analyze + solve")
+        problem = _analyze(model, inputs, out.name, out.log)
         ours = our_strategies(
-            model, problem, [m for m in methods if wanted(f"ours:{m}")], budgets, log
+            model, problem, [m for m in methods if wanted(f"ours:{m}")], budgets, out.log
         )
         strategies += [s for s in ours if wanted(s.key)]
+    return strategies
 
-    if device.type == "cuda":  # one allocator sees every strategy's memory, inductor's too
-        strategies = [replace(s, peak_source="cuda") for s in strategies]
-    n = len(strategies)
-    progress.update(task, total=progress.tasks[task].total + 2 * n + reps * n)
+
+def _check_gradients(runner: Runner, strategies: list[Strategy], out: _Reporter) -> dict[str, Row]:
+    """One step per strategy, gradients against the first's (eager); also the warm-up, and
+    torch.compile's compile. A strategy that fails keeps its row, with the failure noted."""
     rows: dict[str, Row] = {}
     ref = None
-    for s in strategies:  # gradient check, also the warm-up (and torch.compile's compile)
-        progress.update(task, description=f"{name}: check {s.key}")
+    for s in strategies:
+        out.status(f"check {s.key}")
         row = Row(
-            name,
+            out.name,
             s.key,
             s.name,
             s.family,
@@ -584,34 +211,57 @@ def _bench_model(
             row.grad_error, row.grads_match = grad_error(grads, ref)
         except Exception as e:
             row.note = f"failed: {type(e).__name__}: {str(e)[:120]}"
-            log(f"[red]{s.key} {row.note}[/]")
-        progress.advance(task)
-    live = [s for s in strategies if not rows[s.key].note.startswith("failed")]
+            out.log(f"[red]{s.key} {row.note}[/]")
+        out.advance()
+    return rows
+
+
+def _measure_peaks(
+    runner: Runner, eager: Strategy, live: list[Strategy], rows: dict[str, Row], out: _Reporter
+) -> dict[str, int]:
+    """Each live strategy's peak into its row; eager's peak under each peak source used."""
     eager_peaks: dict[str, int] = {}
     for s in live:
-        progress.update(task, description=f"{name}: peak {s.key}")
+        out.status(f"peak {s.key}")
         try:
             rows[s.key].peak = runner.peak(s.step, s.peak_source)
             if s.peak_source not in eager_peaks:
-                eager_peaks[s.peak_source] = runner.peak(strategies[0].step, s.peak_source)
+                eager_peaks[s.peak_source] = runner.peak(eager.step, s.peak_source)
         except Exception as e:
             rows[s.key].note = f"failed (peak): {type(e).__name__}: {str(e)[:120]}"
-            log(f"[red]{s.key} {rows[s.key].note}[/]")
-        progress.advance(task)
-    live = [s for s in live if rows[s.key].ok]
-    eager = rows[strategies[0].key]
+            out.log(f"[red]{s.key} {rows[s.key].note}[/]")
+        out.advance()
+    return eager_peaks
+
+
+def _time_pairs(
+    runner: Runner,
+    eager: Strategy,
+    live: list[Strategy],
+    rows: dict[str, Row],
+    reps: int,
+    out: _Reporter,
+) -> None:
+    """`reps` rounds; in each, every live strategy right after an eager step, its ratio taken
+    against that step."""
+    eager_row = rows[eager.key]
     for rep in range(reps):
         for s in live:
-            progress.update(task, description=f"{name}: time {rep + 1}/{reps} {s.key}")
+            out.status(f"time {rep + 1}/{reps} {s.key}")
             try:
-                before = runner.time(strategies[0].step)
-                eager.times.append(before)
-                if s is not strategies[0]:
+                before = runner.time(eager.step)
+                eager_row.times.append(before)
+                if s is not eager:
                     rows[s.key].times.append(runner.time(s.step))
                     rows[s.key].ratios.append(rows[s.key].times[-1] / before)
             except Exception as e:
                 rows[s.key].note = f"failed (timing): {type(e).__name__}: {str(e)[:120]}"
-            progress.advance(task)
+            out.advance()
+
+
+def _summarise(rows: dict[str, Row], eager: Row, eager_peaks: dict[str, int]) -> None:
+    """Medians of the times, and eager's time and peak (under the row's peak source) beside
+    each row."""
     eager.time = statistics.median(eager.times) if eager.times else math.nan
     for row in rows.values():
         if row.times:
@@ -623,9 +273,6 @@ def _bench_model(
                 "peak from the allocator profile (tracker cannot see inductor's buffers); "
                 "ratio against eager under the same profile"
             )
-    progress.advance(task)
-    progress.update(task, description=f"{name}: done")
-    return list(rows.values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,80 +63,95 @@ def bench_solvers(
     with cold_options():
         lines = []
         for name in models:
-            model, inputs = build(name)
-            start = time.perf_counter()
-            problem = core.analyze(model, inputs)
-            analysed = time.perf_counter() - start
-            minimum_budget(problem, "rockmate")
-            prepared = time.perf_counter() - start
-            lines.append(
-                f"{name}: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s, "
-                f"store-all peak {problem.store_all_peak / 2**20:.2f} MiB"
-            )
-            lines.append(
-                "  method             " + "".join(f"{f:>8.0%}" for f in fractions) + "   min"
-            )
-            for method in methods:
-                cells = []
-                for f in fractions:
-                    try:
-                        cells.append(f"{solve(problem, f, method).overhead:8.3f}")
-                    except InfeasibleBudget:
-                        cells.append(f"{'-':>8}")
-                low = minimum_budget(problem, method) / problem.store_all_peak
-                lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
-            lines.append(f"  rockmate new budget: median {_new_budget_ms(problem):.1f} ms")
-
+            lines += _method_table(name, fractions, methods)
         lines.append(
             f"Rockmate against the whole-graph ILP (restricted Checkmate form, HiGHS, "
             f"{reference_seconds:.0f} s limit; * = limit hit, best schedule found, with the ILP's "
             "lower bound)"
         )
-        for name in reference_models:
-            model, inputs = build(name)
-            problem = core.analyze(model, inputs)
-            cells = []
-            for f in (0.8, 0.7, 0.6, 0.55, 0.5, 0.4):
-                try:
-                    ours = solve(problem, f, "rockmate").overhead
-                except InfeasibleBudget:
-                    cells.append(f"{f:.0%}: -")
-                    continue
-                budget = int(f * problem.store_all_peak)
-                try:
-                    ref = checkmate.solve_with_bound(problem, budget, time_limit=reference_seconds)
-                except InfeasibleBudget:
-                    cells.append(f"{f:.0%}: {ours:.3f} vs ILP none")
-                    continue
-                cells.append(f"{f:.0%}: {ours:.3f} vs {_reference(*ref)}")
-            lines.append(f"  {name}: " + ", ".join(cells))
-        for name, f in large_reference:
-            model, inputs = build(name)
-            problem = core.analyze(model, inputs)
-            ours = solve(problem, f, "rockmate").overhead
-            budget = int(f * problem.store_all_peak)
-            try:
-                found = _reference(
-                    *checkmate.solve_with_bound(problem, budget, time_limit=large_seconds)
-                )
-            except InfeasibleBudget:
-                found = "none found"
-            lines.append(f"  {name} at {f:.0%}, ILP {large_seconds:.0f} s: {ours:.3f} vs {found}")
-
-        preset = REGISTRY["gpt2-small"]
-        with torch.device("meta"):
-            model, inputs = preset.make_model(), preset.make_inputs()
-        start = time.perf_counter()
-        problem = core.analyze(model, inputs)
-        analysed = time.perf_counter() - start
-        minimum_budget(problem, "rockmate")
-        prepared = time.perf_counter() - start
-        half = solve(problem, 0.5, "rockmate").overhead
-        lines.append(
-            f"gpt2-small: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s; "
-            f"rockmate at 50%: {half:.3f}; new budget: median {_new_budget_ms(problem):.1f} ms"
-        )
+        lines += [_against_ilp(name, reference_seconds) for name in reference_models]
+        lines += [_against_ilp_large(name, f, large_seconds) for name, f in large_reference]
+        lines.append(_gpt2_small_speed())
         return "\n".join(lines)
+
+
+def _method_table(name: str, fractions: tuple[float, ...], methods: tuple[str, ...]) -> list[str]:
+    """One sample model: analysis and option time, each method's overhead per budget and its
+    minimum, and Rockmate's median time for a new budget."""
+    model, inputs = build(name)
+    start = time.perf_counter()
+    problem = core.analyze(model, inputs)
+    analysed = time.perf_counter() - start
+    minimum_budget(problem, "rockmate")
+    prepared = time.perf_counter() - start
+    lines = [
+        f"{name}: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s, "
+        f"store-all peak {problem.store_all_peak / 2**20:.2f} MiB",
+        "  method             " + "".join(f"{f:>8.0%}" for f in fractions) + "   min",
+    ]
+    for method in methods:
+        cells = []
+        for f in fractions:
+            try:
+                cells.append(f"{solve(problem, f, method).overhead:8.3f}")
+            except InfeasibleBudget:
+                cells.append(f"{'-':>8}")
+        low = minimum_budget(problem, method) / problem.store_all_peak
+        lines.append(f"  {method:<18} " + "".join(cells) + f"  {low:5.1%}")
+    lines.append(f"  rockmate new budget: median {_new_budget_ms(problem):.1f} ms")
+    return lines
+
+
+def _against_ilp(name: str, seconds: float) -> str:
+    """Rockmate's overhead against the whole-graph ILP's at a range of budgets."""
+    model, inputs = build(name)
+    problem = core.analyze(model, inputs)
+    cells = []
+    for f in (0.8, 0.7, 0.6, 0.55, 0.5, 0.4):
+        try:
+            ours = solve(problem, f, "rockmate").overhead
+        except InfeasibleBudget:
+            cells.append(f"{f:.0%}: -")
+            continue
+        budget = int(f * problem.store_all_peak)
+        try:
+            ref = checkmate.solve_with_bound(problem, budget, time_limit=seconds)
+        except InfeasibleBudget:
+            cells.append(f"{f:.0%}: {ours:.3f} vs ILP none")
+            continue
+        cells.append(f"{f:.0%}: {ours:.3f} vs {_reference(*ref)}")
+    return f"  {name}: " + ", ".join(cells)
+
+
+def _against_ilp_large(name: str, f: float, seconds: float) -> str:
+    """Rockmate against the ILP's incumbent (and lower bound) after `seconds`, at one budget."""
+    model, inputs = build(name)
+    problem = core.analyze(model, inputs)
+    ours = solve(problem, f, "rockmate").overhead
+    budget = int(f * problem.store_all_peak)
+    try:
+        found = _reference(*checkmate.solve_with_bound(problem, budget, time_limit=seconds))
+    except InfeasibleBudget:
+        found = "none found"
+    return f"  {name} at {f:.0%}, ILP {seconds:.0f} s: {ours:.3f} vs {found}"
+
+
+def _gpt2_small_speed() -> str:
+    """gpt2-small from the meta device (no weights built): analysis, options, Rockmate at 50%
+    and the median time of a new budget."""
+    preset = REGISTRY["gpt2-small"]
+    with torch.device("meta"):
+        model, inputs = preset.make_model(), preset.make_inputs()
+    start = time.perf_counter()
+    problem = core.analyze(model, inputs)
+    analysed = time.perf_counter() - start
+    minimum_budget(problem, "rockmate")
+    prepared = time.perf_counter() - start
+    half = solve(problem, 0.5, "rockmate").overhead
+    return (
+        f"gpt2-small: analyze {analysed:.2f} s, + block options and Rotor table {prepared:.2f} s; "
+        f"rockmate at 50%: {half:.3f}; new budget: median {_new_budget_ms(problem):.1f} ms"
+    )
 
 
 def _reference(plan: Plan, bound: float | None) -> str:
@@ -158,7 +173,7 @@ def _new_budget_ms(problem: Problem) -> float:
     return statistics.median(times) * 1e3
 
 
-@dataclass
+@dataclass(frozen=True)
 class ZooPoint:
     """A Rockmate plan of a zoo model: the budget it was asked (a fraction of the store-all
     peak), its predicted peak (the same fraction) and predicted overhead (time over store-all's)."""
@@ -168,7 +183,7 @@ class ZooPoint:
     overhead: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class ZooRow:
     """One zoo model in `remat bench --solvers`. `first_solve_s` is the first Rockmate solve,
     at 50% of the store-all peak with cold block options (an infeasible 50% included, which

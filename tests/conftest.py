@@ -1,15 +1,24 @@
-"""Test session setup: a fresh block-options cache, and browser fixtures for
-pytest-playwright (Debian's chromium, never a downloaded one)."""
+"""Test session setup: a fresh block-options cache, sample models analysed once a session,
+the browser tests marked slow, and browser fixtures for pytest-playwright (Debian's chromium,
+never a downloaded one)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import pytest
+import torch
+from torch import nn
 
+import core
 from bench.app import CHROMIUM_ARGS
+from core.problem import Problem
+from sample_models import build
+
+Analysed = tuple[nn.Module, tuple[torch.Tensor, ...], Problem]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -21,6 +30,32 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(os.environ["REMAT_CACHE"], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests are slow tests: `pytest -m "not slow"` leaves them out too."""
+    for item in items:
+        if item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def analysed() -> Callable[..., Analysed]:
+    """`analysed(name, device="cpu")`: a sample model, its inputs and its Problem (estimated
+    costs on `device`'s preset), analysed once a session. Shared by every test that asks:
+    read them, solve and simulate, run steps from zeroed gradients (the plans then run on the
+    model analysed, without a retrace); never train the model, change its buffers or edit the
+    problem, and count on no solver work being fresh (solvers memoise per problem). A test
+    that needs any of that builds and analyses its own."""
+    done: dict[tuple[str, str], Analysed] = {}
+
+    def get(name: str, device: str = "cpu") -> Analysed:
+        if (name, device) not in done:
+            model, inputs = build(name)
+            done[name, device] = (model, inputs, core.analyze(model, inputs, device=device))
+        return done[name, device]
+
+    return get
 
 
 def chromium_path() -> str | None:

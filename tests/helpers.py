@@ -3,17 +3,22 @@ with offloads forced in, and the app served in a thread for the browser and load
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
 import torch
+from hypothesis import strategies as st
 from torch import nn
 
 import core
+from core.graph import Graph, Op, Value
 from core.memory import StorageTracker, step_tensors
-from core.schedule import Plan, store_all_plan
-from core.simulator import DagOp
+from core.problem import Problem
+from core.schedule import Plan, plan_from_runs, store_all_plan
+from core.simulator import DagOp, simulate, store_all_program
 from core.solvers.offload import MIN_BYTES, with_transfer
+from core.solvers.rotor_table import BlockOption, ChainBlock
 from core.validate import check_program
 from sample_models import build
 
@@ -124,3 +129,197 @@ def assert_runs_exactly(model: nn.Module, inputs: tuple, plan: Plan, lane=None) 
     assert peak == plan.predicted_peak + SEED_BYTES
     assert run.host_peak == plan.predicted_host_bytes == plan.simulate().host_peak
     return run
+
+
+# ---- random step graphs (tests/test_reorder.py, tests/test_layout.py) ----------------------
+
+
+@st.composite
+def step_graphs(draw, max_forward: int = 6, max_backward: int = 7) -> Problem:
+    """A random forward DAG over activations (some ops random, one maybe a state update) and a
+    backward DAG reading them, the tangent and each other, ending in parameter gradients."""
+    values = [
+        Value(0, "w", 4, "param"),
+        Value(1, "x", 4, "input"),
+        Value(2, "dy", 1, "tangent"),
+        Value(3, "stat", 4, "state"),
+    ]
+    ops: list[Op] = []
+
+    def add_op(phase: str, reads: list[int], kinds: list[str], **flags) -> None:
+        outs = []
+        for kind in kinds:
+            outs.append(len(values))
+            values.append(Value(len(values), f"v{len(values)}", draw(st.integers(0, 9)), kind))
+        ops.append(
+            Op(
+                len(ops),
+                f"op{len(ops)}",
+                "aten.x",
+                (),
+                tuple(sorted(set(reads))),
+                tuple(outs),
+                phase,
+                **flags,
+            )
+        )
+
+    n_fwd = draw(st.integers(1, max_forward))
+    for i in range(n_fwd):
+        pool = [0, 1] + [v.index for v in values if v.kind == "activation"]
+        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+        state = i == 0 and draw(st.booleans())
+        add_op(
+            "forward",
+            reads + ([3] if state else []),
+            ["activation"] * (1 if i == n_fwd - 1 else draw(st.integers(1, 2))),
+            random=not state and draw(st.booleans()),
+            state_update=state,
+        )
+    output = len(values) - 1  # the last forward op's one value is the model output
+    n_bwd = draw(st.integers(1, max_backward))
+    for _ in range(n_bwd):
+        pool = [2] + [v.index for v in values if v.kind in ("activation", "temporary")]
+        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+        add_op("backward", reads, [draw(st.sampled_from(["temporary", "gradient"]))])
+    values[-1].kind = "gradient"
+    for op in ops:
+        for v in op.outputs:
+            values[v].producer = op.index
+        for v in op.inputs:
+            values[v].consumers += (op.index,)
+    final = {output} | {v.index for v in values if v.kind == "gradient"}
+    graph = Graph(None, ops, values, (), (), frozenset(final))
+    for op in ops:
+        op.time = float(draw(st.integers(1, 3)))
+    block_of_op = [0] * len(ops)
+    store_all = simulate(graph, block_of_op, *store_all_program(graph))
+    total = sum(op.time for op in ops)
+    return Problem(graph, [], block_of_op, "synthetic", "synthetic", {}, store_all.peak, total)
+
+
+def runs_keeping(problem: Problem, keep: set[int]) -> tuple[list[int], int]:
+    """Forward once keeping `keep`; each backward op recomputes what it reads just before."""
+    graph = problem.graph
+    ops, values = graph.ops, graph.values
+    runs = list(graph.forward_ops)
+    available = set(keep) | set(graph.final_values)
+    available |= {v.index for v in values if v.producer is None}
+
+    def ensure(v: int) -> None:
+        if v in available:
+            return
+        producer = ops[values[v].producer]
+        for u in producer.inputs:
+            ensure(u)
+        runs.append(producer.index)
+        available.update(producer.outputs)
+
+    for o in graph.backward_ops:
+        for v in ops[o].inputs:
+            ensure(v)
+        runs.append(o)
+        available.update(ops[o].outputs)
+    return runs, len(graph.forward_ops)
+
+
+def recompute_plan(problem: Problem, keep_bits: list[bool]):
+    """A plan that keeps some forward values and recomputes the rest in the backward."""
+    acts = [v.index for v in problem.graph.values if v.kind == "activation"]
+    keep = {v for v, k in zip(acts, keep_bits) if k}
+    runs, n_forward = runs_keeping(problem, keep)
+    return plan_from_runs(problem, runs, n_forward, "test", 0)
+
+
+# ---- abstract chains (tests/test_solver_properties.py, tests/test_pofo.py) -----------------
+
+
+def draw_blocks(draw, n: int, max_options: int) -> list[ChainBlock]:
+    """A random chain of `n` blocks with 1 to `max_options` options each, whose backward
+    peaks are at least where they end (tests/test_solver_properties.py, tests/test_pofo.py)."""
+    blocks = []
+    for j in range(n):
+        out = 0 if j == n - 1 else draw(st.integers(1, 4))
+        options = []
+        for _ in range(draw(st.integers(1, max_options))):
+            kept = draw(st.integers(0, 6))
+            reads_output = j < n - 1 and draw(st.booleans())
+            options.append(
+                BlockOption(
+                    (),
+                    (),
+                    forward_time=float(draw(st.integers(1, 5))),
+                    forward_peak=out + kept + draw(st.integers(0, 3)),
+                    kept=kept,
+                    reads_output=reads_output,
+                    reads_input=j > 0 and draw(st.booleans()),
+                    backward_time=float(draw(st.integers(1, 9))),
+                    backward_peak=draw(st.integers(0, 6)),
+                    needs_forward=kept > 0 or reads_output or draw(st.booleans()),
+                )
+            )
+        blocks.append(
+            ChainBlock(
+                output=out,
+                grad=0 if j == 0 else draw(st.integers(0, 3)),
+                permanent=draw(st.integers(0, 2)),
+                forward_runs=(),
+                forward_time=min(o.forward_time for o in options),
+                forward_peak=min(
+                    [out + draw(st.integers(0, 3))] + [o.forward_peak for o in options]
+                ),
+                options=options,
+            )
+        )
+    for j, blk in enumerate(blocks):  # a backward peaks at least where it ends
+        incoming = blocks[j + 1].grad if j + 1 < n else 0
+        for i, o in enumerate(blk.options):
+            end = blk.grad + blk.permanent - o.kept - incoming
+            if o.backward_peak < end:
+                blk.options[i] = dataclasses.replace(o, backward_peak=end)
+    return blocks
+
+
+def step_effects(blocks: list[ChainBlock]):
+    """`reads(step)` and `makes(step)` of a chain schedule's steps in the brute force's memory
+    model: items are block outputs ("A", j) and an option's kept values ("K", j); a transfer
+    step (pofo's "offload", "prefetch") reads and makes none."""
+    n = len(blocks)
+
+    def reads(step) -> set:
+        kind, j = step[0], step[1]
+        if kind in ("offload", "prefetch"):
+            return set()
+        if kind != "B":
+            return {("A", j - 1)} if j > 0 else set()
+        opt = blocks[j].options[step[2]]
+        need = {("K", j)} if opt.needs_forward or j == n - 1 else set()
+        need |= {("A", j - 1)} if j > 0 and opt.reads_input else set()
+        return need | ({("A", j)} if opt.reads_output else set())
+
+    def makes(step) -> dict:
+        kind, j = step[0], step[1]
+        if kind not in ("F", "Fe"):
+            return {}
+        made = {("A", j): blocks[j].output} if j < n - 1 else {}
+        return made | ({("K", j): blocks[j].options[step[2]].kept} if kind == "Fe" else {})
+
+    return reads, makes
+
+
+def until_made(rest: list[tuple], item, makes) -> list[tuple]:
+    """The steps of `rest` before `item` is next produced."""
+    for k, step in enumerate(rest):
+        if item in makes(step):
+            return rest[:k]
+    return rest
+
+
+def classic_chain(blocks: list[ChainBlock]) -> list[ChainBlock]:
+    """Rotor's own model: every backward reads its block's input."""
+    return [
+        dataclasses.replace(
+            blk, options=[dataclasses.replace(o, reads_input=j > 0) for o in blk.options]
+        )
+        for j, blk in enumerate(blocks)
+    ]

@@ -3,17 +3,14 @@
 import json
 
 import plotly.graph_objects as go
-from helpers import fresh
 
-import core
 from app.arena import arena_figure
 from core.layout import arena
 from core.schedule import store_all_plan
 
 
-def test_arena_figure_draws_each_storage_at_its_offset_and_names_its_op_and_module():
-    model, inputs = fresh("gpt-tiny")
-    problem = core.analyze(model, inputs)
+def test_arena_figure_draws_each_storage_at_its_offset_and_names_its_op_and_module(analysed):
+    _, _, problem = analysed("gpt-tiny")
     plan = store_all_plan(problem)
     layout = arena(plan)
     fig = arena_figure(layout, problem.graph, plan.backward_start)

@@ -35,6 +35,7 @@ def _row(rows, key_prefix):
     return found[0]
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_eager_is_the_reference(rows):
     eager = rows[0]
     assert eager.key == "eager"
@@ -45,6 +46,7 @@ def test_eager_is_the_reference(rows):
     assert not eager.ratios
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_each_ratio_is_paired_with_an_eager_step(rows):
     for r in rows[1:]:
         assert len(r.ratios) == len(r.times) == 2
@@ -52,6 +54,7 @@ def test_each_ratio_is_paired_with_an_eager_step(rows):
         assert all(x > 0 for x in r.ratios)
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_store_all_matches_eager(rows):
     r = _row(rows, "ours:store_all")
     assert r.grad_error == 0 and r.grads_match
@@ -60,6 +63,7 @@ def test_store_all_matches_eager(rows):
     assert r.peak == r.predicted_peak + SEED_BYTES
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_checkpointing_lowers_the_measured_peak(rows):
     eager = rows[0]
     ours = _row(rows, "ours:checkpoint_blocks")
@@ -70,6 +74,7 @@ def test_checkpointing_lowers_the_measured_peak(rows):
     assert all(r.ok and not math.isnan(r.time) for r in rows)
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_files_written(rows, tmp_path):
     paths = report.write_results(rows, tmp_path / "out", reps=2)
     for ext in ("md", "csv", "png", "html"):
@@ -81,6 +86,7 @@ def test_files_written(rows, tmp_path):
     assert len(csv_lines) == len(rows) + 1
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_png_left_out_with_a_message_without_matplotlib(rows, tmp_path, monkeypatch):
     """A plain install (no `bench` extra) writes every other file and says how to get the PNG."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
@@ -162,6 +168,7 @@ def test_main_rejects_bad_budgets(budgets, capsys):
     assert "--budgets" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_save_on_cpu_parks_saved_tensors_outside_the_peak(rows):
     """PyTorch's own offloading, emulated on CPU: exact gradients, and the host copies are not
     device memory; with checkpointing too (soc+ckpt)."""
@@ -174,6 +181,7 @@ def test_save_on_cpu_parks_saved_tensors_outside_the_peak(rows):
     assert _row(rows, "soc").peak < _row(rows, "ckpt").peak
 
 
+@pytest.mark.slow  # the bench rows: real steps of every strategy
 def test_offload_plans_measure_as_predicted(rows):
     """Our offload plans in the bench: one row per distinct plan, its minimum included, each at
     its predicted peak (the host pool is not device memory, as for save_on_cpu)."""
@@ -184,6 +192,7 @@ def test_offload_plans_measure_as_predicted(rows):
         assert r.peak == r.predicted_peak + SEED_BYTES
 
 
+@pytest.mark.slow  # a whole `remat bench` run
 def test_budgets_flag_picks_our_budgets(tmp_path, monkeypatch, capsys):
     """Also the command line of a plain install: without matplotlib it says, literally, which
     extra brings the PNG."""

@@ -30,8 +30,15 @@ NODE_RELEASE = pytest.mark.xfail(
 EAGER_ABOVE = ("vit-", "unet-tiny", "two-tower-")
 
 
+SLOW_STEPS = ("unet-",)  # a real eager step of these takes 5-10 s
+
+
 def _marked(names: list[str]) -> list:
-    return [pytest.param(n, marks=NODE_RELEASE) if n.startswith(EAGER_ABOVE) else n for n in names]
+    def marks(n: str) -> list:
+        xfail = [NODE_RELEASE] if n.startswith(EAGER_ABOVE) else []
+        return xfail + ([pytest.mark.slow] if n.startswith(SLOW_STEPS) else [])
+
+    return [pytest.param(n, marks=marks(n)) for n in names]
 
 
 @pytest.mark.parametrize("name", _marked([n for n in names() if n not in BIG]))
@@ -42,6 +49,7 @@ def test_store_all_peak_matches_real_eager_step(name):
     assert eager_peak == problem.store_all_peak + SEED_BYTES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _marked(BIG))
 def test_store_all_peak_matches_eager_on_big_models(name):
     """Big models are built on the meta device and their eager step is tracked under fake
@@ -79,9 +87,8 @@ def test_resnet_has_one_block_per_residual_block():
     assert residual[0].kind == residual[1].kind
 
 
-def test_every_op_belongs_to_a_block_and_backward_follows_forward():
-    model, inputs = fresh("gpt-tiny")
-    problem = core.analyze(model, inputs)
+def test_every_op_belongs_to_a_block_and_backward_follows_forward(analysed):
+    _, _, problem = analysed("gpt-tiny")
     graph = problem.graph
     assert all(0 <= b < len(problem.blocks) for b in problem.block_of_op)
     for block in problem.blocks:
@@ -144,12 +151,10 @@ def test_untraceable_model_names_construct_and_module():
     assert "Traceback" not in text
 
 
-def test_marks_random_and_state_ops():
-    model, inputs = fresh("resnet-tiny")
-    graph = core.analyze(model, inputs).graph
+def test_marks_random_and_state_ops(analysed):
+    graph = analysed("resnet-tiny")[2].graph
     assert any(op.state_update for op in graph.ops)  # batch-norm running statistics
-    model, inputs = fresh("gpt-tiny")
-    graph = core.analyze(model, inputs).graph
+    graph = analysed("gpt-tiny")[2].graph
     assert sum(op.random for op in graph.ops) == 1 + 3 * 2  # embedding dropout + 3 per layer
     assert all(op.phase == "forward" for op in graph.ops if op.random)
 

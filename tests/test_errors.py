@@ -14,13 +14,11 @@ import core
 from core.errors import BudgetError, InfeasibleBudget
 from core.frontier import minimum_budget
 from core.solvers import parse_budget
-from sample_models import build
 
 
 @pytest.fixture(scope="module")
-def problem():
-    model, inputs = build("gpt-tiny")
-    return core.analyze(model, inputs)
+def problem(analysed):
+    return analysed("gpt-tiny")[2]
 
 
 @pytest.mark.parametrize(
@@ -142,6 +140,7 @@ def test_cli_builder_that_raises_or_exits_is_named(tmp_path):
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
+@pytest.mark.slow  # a `remat` subprocess analyses a model
 def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
     """A builder returning a core.ModelCall, and a zoo name: the plan file carries the call,
     and applying it with the same loss_fn trains as the call says."""
@@ -171,6 +170,7 @@ def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
     assert zoo.returncode == 0 and "plan for hf-bert" in zoo.stdout, zoo.stderr[-800:]
 
 
+@pytest.mark.slow  # a `remat` subprocess analyses a model
 def test_cli_app_bad_port_model_and_port_in_use():
     assert "99999" in _one_error_line(_remat("app", "--port", "99999"))
     assert "nosuch" in _one_error_line(_remat("app", "--model", "nosuch:x", "--port", "0"))
@@ -181,6 +181,7 @@ def test_cli_app_bad_port_model_and_port_in_use():
         assert port in _one_error_line(_remat("app", "--port", port))
 
 
+@pytest.mark.slow  # a `remat` subprocess analyses a model
 def test_cli_error_is_one_line_exit_2():
     result = _remat("plan", "gpt-tiny", "--budget", "1%", "--method", "checkpoint_blocks")
     assert result.returncode == 2
@@ -195,6 +196,7 @@ def test_cli_debug_shows_traceback():
     assert "Traceback" in result.stderr and "error: unknown model" in result.stderr
 
 
+@pytest.mark.slow  # a `remat` subprocess analyses a model
 def test_cli_bad_budget_and_missing_file(tmp_path):
     assert "error: cannot read the budget" in _remat("plan", "mlp-tiny", "--budget", "x").stderr
     result = _remat("show", str(tmp_path / "missing.pkl"))

@@ -1,10 +1,9 @@
 """Arena layout (core.layout): no two live storages share a byte; the arena holds the live peak."""
 
 import pytest
-from helpers import fresh
+from helpers import recompute_plan, step_graphs
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_reorder import recompute_plan, step_graphs
 
 import core
 from core.layout import arena, assign_offsets
@@ -61,9 +60,8 @@ def test_plan_arenas_hold_exactly_the_simulated_live_bytes(problem, keep_bits):
 
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "resnet-tiny"])
-def test_sample_model_arenas(name):
-    model, inputs = fresh(name)
-    problem = core.analyze(model, inputs)
+def test_sample_model_arenas(name, analysed):
+    _, _, problem = analysed(name)
     for plan in (store_all_plan(problem), core.solve(problem, 1.0, method="checkpoint_blocks")):
         layout = arena(plan, alignment=512)
         assert_disjoint(layout.placements)

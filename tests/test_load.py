@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import psutil
+import pytest
 from helpers import serve_in_thread
 
 from app import ids
@@ -60,6 +61,7 @@ def _budget_request(url: str, context: dict, value: float) -> tuple[dict, float]
     return payload, time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_twenty_clients_changing_budgets():
     app = create_app(warm=False)
     url, server = serve_in_thread(app)

@@ -1,11 +1,13 @@
 """200 AdamW steps under a 40% plan: the same losses as eager at every step, same weights."""
 
+import pytest
 import torch
 
 import core
 from sample_models import build
 
 
+@pytest.mark.slow
 def test_200_adamw_steps_match_eager_with_dropout():
     eager, inputs = build("gpt-tiny")
     planned, _ = build("gpt-tiny")

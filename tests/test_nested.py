@@ -44,6 +44,7 @@ def test_small_blocks_get_no_nested_options():
     assert nested_options(dag) == []
 
 
+@pytest.mark.slow  # ILP solves, 10 s and more
 def test_rockmate_reaches_below_40_percent_of_the_unet_small_peak():
     """Measured with nested blocks: 31.1% of store-all (82.3% before them, docs/nested.md)."""
     model, inputs = build("unet-small")
@@ -51,6 +52,7 @@ def test_rockmate_reaches_below_40_percent_of_the_unet_small_peak():
     assert minimum_budget(problem, "rockmate") < 0.4 * problem.store_all_peak
 
 
+@pytest.mark.slow  # ILP solves, 10 s and more
 def test_the_whole_unet_nested_as_one_block_fits_where_the_chain_does_not():
     """unet-tiny: the chain of blocks bottoms out at 61.8% of store-all, the whole graph
     nested as one block at 59.5%; Rockmate's minimum and its plans take the lower."""
@@ -78,6 +80,7 @@ def test_whole_graph_schedules_come_from_the_disk_cache_the_second_time(tmp_path
     assert again == first and not tables
 
 
+@pytest.mark.slow  # ILP solves, 10 s and more
 def test_rockmate_on_gpt_1layer_at_55_percent_is_within_5_percent_of_the_whole_graph_ilp():
     """The whole-graph ILP (30 s, HiGHS) found overhead 1.3521 here at best (1.4944-1.6148
     under load; docs/nested.md). Rockmate from the chain: 1.8126; with the 75-op graph also
@@ -94,7 +97,12 @@ def test_rockmate_on_gpt_1layer_at_55_percent_is_within_5_percent_of_the_whole_g
 
 @pytest.mark.parametrize(
     ("name", "fraction"),
-    [("unet-small", 0.5), ("unet-tiny", 0.6), ("unet-tiny", 0.65), ("gpt-1layer", 0.55)],
+    [
+        pytest.param("unet-small", 0.5, marks=pytest.mark.slow),
+        ("unet-tiny", 0.6),
+        ("unet-tiny", 0.65),
+        pytest.param("gpt-1layer", 0.55, marks=pytest.mark.slow),
+    ],
 )
 def test_nested_plans_run_exactly_with_eager_gradients_and_batch_norm_statistics(name, fraction):
     """Chain plans with nested block options (unet-small, unet-tiny at 65%), whole-graph

@@ -164,9 +164,8 @@ def test_offload_on_top_of_recomputation_runs_exactly_as_predicted(name):
 
 
 @pytest.fixture(scope="module")
-def gpt():
-    model, inputs = fresh("gpt-tiny")
-    return model, inputs, core.analyze(model, inputs)
+def gpt(analysed):
+    return analysed("gpt-tiny")
 
 
 def test_the_offload_minimum_is_bisected_and_met(gpt):
@@ -515,9 +514,8 @@ def test_the_greedy_pass_figures_every_try_as_the_walk_does(name, device, monkey
 
 
 @pytest.fixture(scope="module")
-def gpt_h100():
-    model, inputs = fresh("gpt-tiny")
-    return core.analyze(model, inputs, device="h100")
+def gpt_h100(analysed):
+    return analysed("gpt-tiny", "h100")[2]
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -14,9 +14,8 @@ from core.schedule import store_all_plan
 
 
 @pytest.fixture(scope="module")
-def gpt_tiny_plan():
-    model, inputs = fresh("gpt-tiny")
-    return core.solve(core.analyze(model, inputs), 0.6, method="checkpoint_blocks")
+def gpt_tiny_plan(analysed):
+    return core.solve(analysed("gpt-tiny")[2], 0.6, method="checkpoint_blocks")
 
 
 def test_round_trip_applies_and_matches(tmp_path, gpt_tiny_plan):

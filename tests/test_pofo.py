@@ -9,10 +9,9 @@ import dataclasses
 import math
 
 import pytest
-from helpers import assert_runs_exactly, fresh
+from helpers import assert_runs_exactly, classic_chain, draw_blocks, fresh, step_effects, until_made
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_solver_properties import _classic, _until_made, draw_blocks, step_effects
 
 import core
 from core.errors import InfeasibleBudget
@@ -134,12 +133,13 @@ def walk_schedule(blocks: list[ChainBlock], link: Link, seq: list[tuple], budget
         clock = start + dt
         live |= makes(step)
         for item in list(live):
-            if not any(item in reads(later) for later in _until_made(seq[k + 1 :], item, makes)):
+            if not any(item in reads(later) for later in until_made(seq[k + 1 :], item, makes)):
                 del live[item]
     assert b == -1, "not every backward ran"
     return max(clock, lane)
 
 
+@pytest.mark.slow  # a brute force over 80 chains
 @settings(max_examples=80, deadline=None)
 @given(chains(), links)
 def test_pofo_is_optimal_in_its_family(case, link):
@@ -147,7 +147,7 @@ def test_pofo_is_optimal_in_its_family(case, link):
     the least time of every schedule in the family (keep, recompute or offload each
     checkpoint), walked step by step with the transfer lane; the table's own schedule fits
     and takes that time."""
-    blocks, budget = _classic(case[0]), case[1]
+    blocks, budget = classic_chain(case[0]), case[1]
     table = pofo.compute_table(blocks, link, budget, slots=budget)
     best = table.best(budget)
     brute = min(walk_schedule(blocks, link, seq, budget) for seq in family(blocks, link))
@@ -285,9 +285,8 @@ def test_pofo_programs_that_offload_run_exactly_as_predicted(name):
 
 
 @pytest.fixture(scope="module")
-def gpt_tiny():
-    model, inputs = fresh("gpt-tiny")
-    return core.analyze(model, inputs)
+def gpt_tiny(analysed):
+    return analysed("gpt-tiny")[2]
 
 
 @pytest.mark.parametrize("fraction", [0.3, 0.35, 0.5, 0.8, 1.0])

@@ -5,116 +5,15 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import fresh, measured_step
+from helpers import fresh, measured_step, recompute_plan, step_graphs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
 from core.errors import InfeasibleBudget, InvalidPlan
-from core.graph import Graph, Op, Value
 from core.problem import Problem
 from core.reorder import dependencies, reorder, reordered_runs, run_list
 from core.schedule import plan_from_runs, store_all_plan
-from core.simulator import simulate, store_all_program
-
-# ---- random step graphs -------------------------------------------------------------------
-
-
-@st.composite
-def step_graphs(draw, max_forward: int = 6, max_backward: int = 7) -> Problem:
-    """A random forward DAG over activations (some ops random, one maybe a state update) and a
-    backward DAG reading them, the tangent and each other, ending in parameter gradients."""
-    values = [
-        Value(0, "w", 4, "param"),
-        Value(1, "x", 4, "input"),
-        Value(2, "dy", 1, "tangent"),
-        Value(3, "stat", 4, "state"),
-    ]
-    ops: list[Op] = []
-
-    def add_op(phase: str, reads: list[int], kinds: list[str], **flags) -> None:
-        outs = []
-        for kind in kinds:
-            outs.append(len(values))
-            values.append(Value(len(values), f"v{len(values)}", draw(st.integers(0, 9)), kind))
-        ops.append(
-            Op(
-                len(ops),
-                f"op{len(ops)}",
-                "aten.x",
-                (),
-                tuple(sorted(set(reads))),
-                tuple(outs),
-                phase,
-                **flags,
-            )
-        )
-
-    n_fwd = draw(st.integers(1, max_forward))
-    for i in range(n_fwd):
-        pool = [0, 1] + [v.index for v in values if v.kind == "activation"]
-        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
-        state = i == 0 and draw(st.booleans())
-        add_op(
-            "forward",
-            reads + ([3] if state else []),
-            ["activation"] * (1 if i == n_fwd - 1 else draw(st.integers(1, 2))),
-            random=not state and draw(st.booleans()),
-            state_update=state,
-        )
-    output = len(values) - 1  # the last forward op's one value is the model output
-    n_bwd = draw(st.integers(1, max_backward))
-    for _ in range(n_bwd):
-        pool = [2] + [v.index for v in values if v.kind in ("activation", "temporary")]
-        reads = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
-        add_op("backward", reads, [draw(st.sampled_from(["temporary", "gradient"]))])
-    values[-1].kind = "gradient"
-    for op in ops:
-        for v in op.outputs:
-            values[v].producer = op.index
-        for v in op.inputs:
-            values[v].consumers += (op.index,)
-    final = {output} | {v.index for v in values if v.kind == "gradient"}
-    graph = Graph(None, ops, values, (), (), frozenset(final))
-    for op in ops:
-        op.time = float(draw(st.integers(1, 3)))
-    block_of_op = [0] * len(ops)
-    store_all = simulate(graph, block_of_op, *store_all_program(graph))
-    total = sum(op.time for op in ops)
-    return Problem(graph, [], block_of_op, "synthetic", "synthetic", {}, store_all.peak, total)
-
-
-def runs_keeping(problem: Problem, keep: set[int]) -> tuple[list[int], int]:
-    """Forward once keeping `keep`; each backward op recomputes what it reads just before."""
-    graph = problem.graph
-    ops, values = graph.ops, graph.values
-    runs = list(graph.forward_ops)
-    available = set(keep) | set(graph.final_values)
-    available |= {v.index for v in values if v.producer is None}
-
-    def ensure(v: int) -> None:
-        if v in available:
-            return
-        producer = ops[values[v].producer]
-        for u in producer.inputs:
-            ensure(u)
-        runs.append(producer.index)
-        available.update(producer.outputs)
-
-    for o in graph.backward_ops:
-        for v in ops[o].inputs:
-            ensure(v)
-        runs.append(o)
-        available.update(ops[o].outputs)
-    return runs, len(graph.forward_ops)
-
-
-def recompute_plan(problem: Problem, keep_bits: list[bool]):
-    """A plan that keeps some forward values and recomputes the rest in the backward."""
-    acts = [v.index for v in problem.graph.values if v.kind == "activation"]
-    keep = {v for v, k in zip(acts, keep_bits) if k}
-    runs, n_forward = runs_keeping(problem, keep)
-    return plan_from_runs(problem, runs, n_forward, "test", 0)
 
 
 def first_sticky_runs(problem: Problem, plan) -> list[int]:

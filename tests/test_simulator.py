@@ -18,7 +18,6 @@ from core.simulator import (
     walk,
     walk_step,
 )
-from sample_models import build
 
 OPS, SIZES = TOY_OPS, TOY_SIZES  # x -> a -> b -> loss (tests/helpers.py)
 DAG = Dag(OPS, SIZES, final=frozenset({3, 5}))
@@ -63,9 +62,8 @@ def test_invalid_programs_are_refused(program, message):
 
 
 @pytest.fixture(scope="module")
-def gpt_plan():
-    model, inputs = build("gpt-tiny")
-    problem = core.analyze(model, inputs)
+def gpt_plan(analysed):
+    _, _, problem = analysed("gpt-tiny")
     return problem, core.solve(problem, 0.6, "checkpoint_blocks")  # no ILPs: fast
 
 

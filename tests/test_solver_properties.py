@@ -1,9 +1,9 @@
 """Solvers against brute force on small abstract problems (hypothesis)."""
 
-import dataclasses
 import heapq
 import itertools
 
+from helpers import classic_chain, draw_blocks, step_effects, until_made
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -12,52 +12,6 @@ from core.solvers.checkmate import solve_ilp
 from core.solvers.rotor_table import BlockOption, ChainBlock, compute_table, sequence
 
 # ---- Rotor on abstract chains -------------------------------------------------------------
-
-
-def draw_blocks(draw, n: int, max_options: int) -> list[ChainBlock]:
-    """A random chain of `n` blocks with 1 to `max_options` options each, whose backward
-    peaks are at least where they end (also drawn by tests/test_pofo.py)."""
-    blocks = []
-    for j in range(n):
-        out = 0 if j == n - 1 else draw(st.integers(1, 4))
-        options = []
-        for _ in range(draw(st.integers(1, max_options))):
-            kept = draw(st.integers(0, 6))
-            reads_output = j < n - 1 and draw(st.booleans())
-            options.append(
-                BlockOption(
-                    (),
-                    (),
-                    forward_time=float(draw(st.integers(1, 5))),
-                    forward_peak=out + kept + draw(st.integers(0, 3)),
-                    kept=kept,
-                    reads_output=reads_output,
-                    reads_input=j > 0 and draw(st.booleans()),
-                    backward_time=float(draw(st.integers(1, 9))),
-                    backward_peak=draw(st.integers(0, 6)),
-                    needs_forward=kept > 0 or reads_output or draw(st.booleans()),
-                )
-            )
-        blocks.append(
-            ChainBlock(
-                output=out,
-                grad=0 if j == 0 else draw(st.integers(0, 3)),
-                permanent=draw(st.integers(0, 2)),
-                forward_runs=(),
-                forward_time=min(o.forward_time for o in options),
-                forward_peak=min(
-                    [out + draw(st.integers(0, 3))] + [o.forward_peak for o in options]
-                ),
-                options=options,
-            )
-        )
-    for j, blk in enumerate(blocks):  # a backward peaks at least where it ends
-        incoming = blocks[j + 1].grad if j + 1 < n else 0
-        for i, o in enumerate(blk.options):
-            end = blk.grad + blk.permanent - o.kept - incoming
-            if o.backward_peak < end:
-                blk.options[i] = dataclasses.replace(o, backward_peak=end)
-    return blocks
 
 
 @st.composite
@@ -148,33 +102,6 @@ def brute_force_chain(blocks: list[ChainBlock], budget: int, persistent: bool = 
     return float("inf")
 
 
-def step_effects(blocks: list[ChainBlock]):
-    """`reads(step)` and `makes(step)` of a chain schedule's steps in the brute force's memory
-    model: items are block outputs ("A", j) and an option's kept values ("K", j); a transfer
-    step (pofo's "offload", "prefetch") reads and makes none."""
-    n = len(blocks)
-
-    def reads(step) -> set:
-        kind, j = step[0], step[1]
-        if kind in ("offload", "prefetch"):
-            return set()
-        if kind != "B":
-            return {("A", j - 1)} if j > 0 else set()
-        opt = blocks[j].options[step[2]]
-        need = {("K", j)} if opt.needs_forward or j == n - 1 else set()
-        need |= {("A", j - 1)} if j > 0 and opt.reads_input else set()
-        return need | ({("A", j)} if opt.reads_output else set())
-
-    def makes(step) -> dict:
-        kind, j = step[0], step[1]
-        if kind not in ("F", "Fe"):
-            return {}
-        made = {("A", j): blocks[j].output} if j < n - 1 else {}
-        return made | ({("K", j): blocks[j].options[step[2]].kept} if kind == "Fe" else {})
-
-    return reads, makes
-
-
 def run_schedule(blocks: list[ChainBlock], seq: list[tuple], budget: int) -> float:
     """Walk a Rotor schedule in the brute force's memory model, each item (a block output
     or an option's kept values) freed after its last read, and return its time. Fails if a
@@ -202,28 +129,10 @@ def run_schedule(blocks: list[ChainBlock], seq: list[tuple], budget: int) -> flo
         assert mem + peak <= budget, f"step {k} {step} peaks at {mem + peak} > {budget}"
         live |= makes(step)
         for item in list(live):
-            if not any(item in reads(later) for later in _until_made(seq[k + 1 :], item, makes)):
+            if not any(item in reads(later) for later in until_made(seq[k + 1 :], item, makes)):
                 del live[item]
     assert b == -1, "not every backward ran"
     return time
-
-
-def _until_made(rest: list[tuple], item, makes) -> list[tuple]:
-    """The steps of `rest` before `item` is next produced."""
-    for k, step in enumerate(rest):
-        if item in makes(step):
-            return rest[:k]
-    return rest
-
-
-def _classic(blocks: list[ChainBlock]) -> list[ChainBlock]:
-    """Rotor's own model: every backward reads its block's input."""
-    return [
-        dataclasses.replace(
-            blk, options=[dataclasses.replace(o, reads_input=j > 0) for o in blk.options]
-        )
-        for j, blk in enumerate(blocks)
-    ]
 
 
 def _option(**kw) -> BlockOption:
@@ -258,7 +167,7 @@ def test_rotor_is_optimal_among_persistent_schedules(case):
     """In Rotor's model (inputs read by every backward) the DP's schedule is valid, takes the
     time the table claims, and is optimal among persistent schedules; a non-persistent one
     (a checkpoint dropped and recomputed later) may beat it, never the other way round."""
-    blocks, budget = _classic(case[0]), case[1]
+    blocks, budget = classic_chain(case[0]), case[1]
     table = compute_table(blocks, budget, slots=budget)
     assert table.slot == 1
     best = table.best(budget)
@@ -270,7 +179,7 @@ def test_rotor_is_optimal_among_persistent_schedules(case):
 
 def test_rotor_misses_a_non_persistent_schedule():
     """The pinned case: the DP is sound there, and the gap is the one move it lacks."""
-    blocks, budget = _classic(NOT_PERSISTENT[0]), NOT_PERSISTENT[1]
+    blocks, budget = classic_chain(NOT_PERSISTENT[0]), NOT_PERSISTENT[1]
     table = compute_table(blocks, budget, slots=budget)
     assert brute_force_chain(blocks, budget) == 11.0
     assert table.best(budget) == brute_force_chain(blocks, budget, persistent=True) == 12.0
@@ -286,7 +195,7 @@ def test_rotor_with_droppable_inputs_is_sound_and_no_worse(case):
     blocks, budget = case
     table = compute_table(blocks, budget, slots=budget)
     best = table.best(budget)
-    classic = compute_table(_classic(blocks), budget, slots=budget).best(budget)
+    classic = compute_table(classic_chain(blocks), budget, slots=budget).best(budget)
     assert brute_force_chain(blocks, budget) <= best <= classic
     if best < float("inf"):
         assert run_schedule(blocks, sequence(blocks, table, budget), budget) == best

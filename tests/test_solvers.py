@@ -63,6 +63,7 @@ def test_chain_plans_run_as_predicted(name, method):
         _check(name, plan, budget)
 
 
+@pytest.mark.slow  # whole-graph ILP solves
 def test_checkmate_whole_graph_plans_run_as_predicted():
     _, _, problem, _ = _setup("gpt-1layer")
     budget = int(0.8 * problem.store_all_peak)
@@ -143,6 +144,7 @@ def test_transient_values_are_recomputed_per_reader_and_freed_between():
     assert recompute.runs(frozenset({1}), frozenset({1})) == [0, 1, 2, 3, 4, 0, 5]
 
 
+@pytest.mark.slow  # whole-graph ILP solves
 def test_whole_graph_ilp_bound_is_below_its_plan():
     """HiGHS's bound on the overhead: equal to the plan's when solved, never above it."""
     from core.solvers.checkmate import solve_with_bound

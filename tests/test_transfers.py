@@ -19,7 +19,6 @@ from helpers import (
     assert_same_grads,
     check_runs_as_predicted,
     forced,
-    fresh,
     measured_step,
 )
 from torch.utils._python_dispatch import _disable_current_modes
@@ -94,15 +93,14 @@ def test_plans_run_exactly_when_copies_run_as_late_as_a_stream_allows(name, base
 
 
 @pytest.fixture(scope="module")
-def gpt():
-    model, inputs = fresh("gpt-tiny")
-    problem = core.analyze(model, inputs)
+def gpt(analysed):
+    model, inputs, problem = analysed("gpt-tiny")
     return model, inputs, forced(problem, store_all_plan(problem), 3)
 
 
-def test_a_solved_offload_plan_runs_exactly_under_deferred_copies(gpt):
+def test_a_solved_offload_plan_runs_exactly_under_deferred_copies(gpt, analysed):
     model, inputs, _ = gpt
-    problem = core.analyze(model, inputs)
+    problem = analysed("gpt-tiny")[2]
     plan = core.solve(problem, 0.4, "offload")
     assert plan.predicted_host_bytes > 0
     _, _, eager_grads = measured_step(model, inputs, seed=4)

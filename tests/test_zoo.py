@@ -63,7 +63,14 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module", params=sorted(ZOO))
+# the zoo's largest tiny models: their tests take 5-15 s each, so only `make test` runs them
+SLOW_ZOO = ("hf-bert", "hf-gpt2", "hf-mixtral", "hf-t5")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ZOO else n for n in sorted(ZOO)],
+)
 def zoo(request) -> tuple[str, ZooCase, core.Problem, dict]:
     """Each zoo model analysed once for this module's tests: name, case, problem and its
     starting state (parameters and buffers)."""
@@ -228,6 +235,7 @@ def test_zoo_plan_file_round_trip_with_keywords_and_loss_fn(tmp_path):
         core.apply_plan(case.model, core.load_plan(tmp_path / "plan.pkl"))
 
 
+@pytest.mark.slow  # a `remat bench --solvers` zoo run
 def test_bench_zoo_rows_for_a_tiny_and_a_meta_model():
     """`remat bench --solvers`'s zoo path, real solver: the tiny ResNet (the quickest to solve),
     whose plans run (measured = predicted + 4 bytes), and a 2-layer GPT-2 of d768 from the meta
