@@ -23,7 +23,7 @@ from core.graph import Graph
 from core.plan import Plan
 from core.plan_io import check_graph_meta
 from core.problem import Problem, analyze
-from core.trace import CallSpec, TensorSpec, describe_difference, join_call
+from core.trace import Autocast, CallSpec, TensorSpec, describe_difference, join_call
 from core.validate import check_program
 
 
@@ -89,7 +89,14 @@ def _problem_for(
                 "core.apply_plan(model, plan, loss_fn=...)"
             )
     try:
-        problem = analyze(model, args, kwargs, loss_fn if meta and meta["loss"] else None, targets)
+        problem = analyze(
+            model,
+            args,
+            kwargs,
+            loss_fn if meta and meta["loss"] else None,
+            targets,
+            autocast=Autocast.from_data(plan.graph_meta.get("autocast", [])),
+        )
     except UnsupportedModel as e:
         raise PlanMismatch(
             f"the model cannot run on the plan's recorded inputs {plan.graph_meta['inputs']} "

@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 
 from core.errors import PlanFileError
 from core.simulator import KINDS
+from core.trace.autocast import DEVICE_TYPES
 
 FORMAT = "remat-studio-plan"
 VERSION = 1
@@ -268,8 +269,8 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         return PlanFileError(f"{name} has damaged graph metadata: {why}; export the plan again")
 
     fields = {"params", "state", "inputs", "n_nodes"}
-    if not isinstance(meta, dict) or set(meta) - {"call"} != fields:
-        raise bad("expected params, state, inputs, n_nodes and call")
+    if not isinstance(meta, dict) or set(meta) - {"call", "autocast"} != fields:
+        raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
     if not _is_int(meta["n_nodes"], 1, MAX_DIM):
         raise bad("n_nodes is not a positive count")
@@ -300,6 +301,20 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
 
     if "call" in meta:
         _check_call(meta["call"], len(inputs), bad)
+    if "autocast" in meta:
+        _check_autocast(meta["autocast"], bad)
+
+
+def _check_autocast(state: Any, bad: Callable[[str], PlanFileError]) -> None:
+    """[[device type, dtype name], ...]: a known device type each, a torch dtype each."""
+    if not isinstance(state, list) or len(state) > len(DEVICE_TYPES):
+        raise bad("autocast is not a list of [device type, dtype]")
+    for entry in state:
+        if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_text, entry))):
+            raise bad(f"an autocast entry is not [device type, dtype] ({str(entry)[:60]})")
+        device, dtype = entry
+        if device not in DEVICE_TYPES or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise bad(f"autocast entry {str(entry)[:60]} names no device type and dtype")
 
 
 def _check_call(call: Any, n_inputs: int, bad: Callable[[str], PlanFileError]) -> None:

@@ -17,7 +17,7 @@ from core.blocks import Block, constant_ops, find_blocks
 from core.errors import UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
 from core.simulator import Link, simulate, store_all_program
-from core.trace import capture, fingerprint, graph_meta
+from core.trace import Autocast, capture, fingerprint, graph_meta
 
 Progress = Callable[[str, float], None]  # (stage description, fraction done)
 T = TypeVar("T")
@@ -116,6 +116,7 @@ def analyze(
     device: str = "cpu",
     name: str = "model",
     progress: Progress | None = None,
+    autocast: Autocast | torch.autocast | None = None,
 ) -> Problem:
     """Trace one training step of `model`, time its ops and find its chain of blocks.
 
@@ -129,6 +130,9 @@ def analyze(
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors on the model's device, 1 thread,
     median).
+    autocast: the mixed-precision state the step runs under, recorded with the plan: None
+    reads the caller's (`with torch.autocast("cuda", torch.bfloat16): core.analyze(...)`), or
+    pass `torch.autocast(...)` itself. The planned module refuses calls under another state.
     """
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
@@ -139,7 +143,8 @@ def analyze(
             "the planned module takes loss_fn's targets as `targets=`: rename the model's "
             "argument, or compute the loss inside the model",
         )
-    trace = capture(model, args, kwargs, loss_fn, targets)
+    state = autocast if isinstance(autocast, Autocast) else Autocast.of(autocast)
+    trace = capture(model, args, kwargs, loss_fn, targets, state)
     graph = build_graph(trace)
     report("costs", 0.3)
     if costs == "measured":

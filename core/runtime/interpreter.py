@@ -25,7 +25,7 @@ from core.interpret import Call, binding, compile_node
 from core.plan import Plan
 from core.runtime.transfers import HostLane, HostStep, HostWork
 from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, Simulation
-from core.trace import aliases_schema_write, undeclared_writes
+from core.trace import aliases_schema_write, autocast_off, undeclared_writes
 
 # how a node runs: normally, replaying its random state, on copies of the state it writes, or not
 _NORMAL, _REPLAY_RNG, _COPY_STATE, _SKIP = range(4)
@@ -204,7 +204,8 @@ class PlanFunction(torch.autograd.Function):
         if program.transfers:
             device = tensors[0].device if tensors else torch.device("cpu")
             host = HostStep(runner._lane(device), program.host_pool)
-        program.run(program.forward, env, rng, host)
+        with autocast_off():  # the graph holds autocast's casts as ops of their own
+            program.run(program.forward, env, rng, host)
         outputs = tuple(env[n] for n in trace.outputs)
         ctx.step = _StepState(env, rng, host)
         ctx.runner = runner
@@ -233,7 +234,8 @@ class PlanFunction(torch.autograd.Function):
         for t, out in zip(trace.tangents, trace.diff_outputs, strict=True):
             env[t] = grad_outputs[out]
         _run_prologue(program.tangent_prologue, env)
-        program.run(program.backward, env, step.rng, host)
+        with autocast_off():
+            program.run(program.backward, env, step.rng, host)
         grads = [env[g] if g is not None else None for g in trace.grads]
         if host is not None:
             host.finish()

@@ -4,7 +4,10 @@ The wrapped module's forward runs the forward part of the plan's program (the sa
 instructions the simulator walked) inside one `torch.autograd.Function`
 (`core.runtime.interpreter`), keeping what the plan keeps; `loss.backward()` then runs the
 rest of the program, recomputing what the plan recomputes, and hands autograd the parameter
-gradients, which land in the model's own `.grad`. Eval mode and `no_grad` run the model itself.
+gradients, which land in the model's own `.grad`. Under `no_grad` it runs the model itself.
+Every call that runs the plan is checked against what the trace baked in: the autocast state
+and the submodules' plain attributes (`training`, dropout's `p`, ...); PlanMismatch names
+what changed.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from core.graph import Graph
 from core.plan import Plan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
 from core.runtime.transfers import HostLane, lane_for
-from core.trace import TensorSpec, split_call, unflatten_output
+from core.trace import Autocast, TensorSpec, split_call, unflatten_output
+
+
+class _Tensor:
+    """A tensor argument, where the plan bound a value: how an error message shows it."""
+
+    def __repr__(self) -> str:
+        return "a tensor"
+
+
+_TENSOR = _Tensor()
 
 
 class PlannedModule(nn.Module):
-    """A drop-in for `model` that trains under a plan; eval mode and no_grad run the model."""
+    """A drop-in for `model` that trains under a plan; under no_grad it runs the model."""
 
     def __init__(
         self, model: nn.Module, graph: Graph, plan: Plan, loss_fn: Callable | None = None
@@ -48,6 +61,8 @@ class PlannedModule(nn.Module):
         self._input_specs = trace.input_specs
         self._grad_inputs = set(trace.grad_inputs)
         self._call = trace.call
+        self._autocast = trace.autocast
+        self._watch = trace.module_state.watch(model)
 
     def _lane(self, device: torch.device) -> HostLane:
         if device not in self._lanes:
@@ -66,12 +81,24 @@ class PlannedModule(nn.Module):
         if self._call.loss:
             given = kwargs.pop("targets", ())
             targets = (given,) if isinstance(given, torch.Tensor) else tuple(given)
-        if not (torch.is_grad_enabled() and self.model.training):
+        if not torch.is_grad_enabled():
             out = self.model(*args, **kwargs)
             return self.loss_fn(out, *targets) if self.loss_fn is not None else out
+        self._check_state()
         inputs = self._check_call(args, kwargs, targets)
         outputs = PlanFunction.apply(self, len(self._params), *self._params, *inputs)
         return unflatten_output(list(outputs), self._graph.trace.output_spec)
+
+    def _check_state(self) -> None:
+        """The caller's autocast and the model's switches must be the ones traced."""
+        now = Autocast.current()
+        if now != self._autocast:
+            raise PlanMismatch(
+                f"this call runs under {now.describe()}, the plan was made under "
+                f"{self._autocast.describe()}: call it as it was analysed, or analyse the model "
+                "under this autocast state and make a plan for it"
+            )
+        self._watch.check()
 
     def _check_call(self, args: tuple, kwargs: dict, targets: tuple) -> list[Any]:
         """The call's tensors, checked against the plan's call: structure, bound values."""
@@ -81,12 +108,19 @@ class PlannedModule(nn.Module):
             raise PlanMismatch(
                 f"the plan was made for a call {mine.describe()}, got {call.describe()}"
             )
-        for (i, want), (_, got) in zip(mine.constants, call.constants, strict=True):
+        given = dict(call.constants)
+        for i, want in mine.constants:
+            got = given.pop(i, _TENSOR)
             if type(want) is not type(got) or want != got:
                 raise PlanMismatch(
                     f"argument {mine.leaf_name(i)} is {got!r}, the plan was made with "
                     f"{want!r}: make a plan for this call"
                 )
+        for i, got in given.items():
+            raise PlanMismatch(
+                f"argument {mine.leaf_name(i)} is {got!r}, the plan was made with a tensor "
+                "there: make a plan for this call"
+            )
         self._check_inputs(inputs)
         return inputs
 

@@ -1,6 +1,8 @@
 """Trace one training step (forward and backward) to a graph of ATen ops, on fake tensors.
 
 The parts, in the order they import each other:
+- `autocast`: the mixed-precision state a step runs under (`Autocast`, `autocast_off`);
+- `module_state`: the submodules' plain attributes a trace bakes in (`ModuleState`, `Watch`);
 - `call`: how a step calls the model (`CallSpec`, `split_call`, `join_call`, `unflatten_output`);
 - `nodes`: the traced step as data (`Ref`, `TensorSpec`, `AtenNode`, `Trace`);
 - `op_schema`: what an op's schema says it writes, and what it leaves out (`aliases_schema_write`,
@@ -21,20 +23,26 @@ generated `torch._C` bindings it calls ops through, `TorchDispatchMode`), `core.
 flag). A torch upgrade should touch this package and those three files, no other.
 """
 
+from core.trace.autocast import Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call, unflatten_output
 from core.trace.capture import capture
 from core.trace.identity import describe_difference, fingerprint, graph_meta
+from core.trace.module_state import ModuleState, Watch
 from core.trace.nodes import ROLES, AtenNode, Ref, TensorSpec, Trace
 from core.trace.op_schema import aliases_schema_write, fast_callable, undeclared_writes, user_frame
 
 __all__ = [
     "ROLES",
     "AtenNode",
+    "Autocast",
     "CallSpec",
     "Ref",
     "TensorSpec",
+    "ModuleState",
     "Trace",
+    "Watch",
     "aliases_schema_write",
+    "autocast_off",
     "capture",
     "describe_difference",
     "fast_callable",

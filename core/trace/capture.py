@@ -23,11 +23,14 @@ from torch._functorch._aot_autograd.logging_utils import (
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import checkpoint
 
 from core.errors import UnsupportedModel
+from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
 from core.trace.functionalize import functionalize_late_writes
+from core.trace.module_state import ModuleState
 from core.trace.nodes import TensorSpec, Trace
 from core.trace.scope import ModuleScope, guard
 
@@ -41,12 +44,34 @@ def capture(
     kwargs: dict[str, Any] | None = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     targets: Sequence[torch.Tensor] = (),
+    autocast: Autocast = OFF,
 ) -> Trace:
     """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
-    *targets)` when given) on inputs shaped like these. Non-tensor arguments are bound as
-    they are."""
-    with _tensors_restored(model):
-        return _capture(model, args, kwargs, loss_fn, targets)
+    *targets)` when given) on inputs shaped like these, the forward under `autocast`.
+    Non-tensor arguments are bound as they are. The model's own non-reentrant checkpoints
+    run as plain forward ops: the plan decides what to keep and recompute, and replaces them."""
+    with _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
+        trace = _capture(model, args, kwargs, loss_fn, targets)
+    return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
+
+
+@contextlib.contextmanager
+def _checkpoints_inlined() -> Iterator[None]:
+    """Run `torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False)` as `fn(...)`:
+    its forward logic (saved-tensor hooks that drop and recompute activations, with fresh
+    random draws under fake tensors) lives in a private generator, swapped for one that does
+    nothing while the step is traced. transformers' `gradient_checkpointing_enable()` binds
+    `checkpoint` itself, so patching that name would miss it."""
+    saved = checkpoint._checkpoint_without_reentrant_generator
+
+    def plain(*args: Any, **kwargs: Any) -> Iterator[None]:
+        yield
+
+    checkpoint._checkpoint_without_reentrant_generator = plain
+    try:
+        yield
+    finally:
+        checkpoint._checkpoint_without_reentrant_generator = saved
 
 
 @contextlib.contextmanager
@@ -157,7 +182,8 @@ def _joint_step(
         # tag each backward node with the sequence number of the forward op it differentiates
         setup_stacktrace_preservation_hooks_from_tensors([leaves[i] for i in diff])
         wrt = list(ps) + [xs[i] for i in grad_inputs]
-        grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)
+        with autocast_off():  # eager's backward runs after the autocast block
+            grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)
         return list(leaves), list(grads)
 
     return step

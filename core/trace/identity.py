@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from core.trace.autocast import Autocast
 from core.trace.nodes import Trace
 
 
@@ -22,15 +23,18 @@ def graph_meta(trace: Trace) -> dict[str, Any]:
         ],
         "n_nodes": len(trace.nodes),
         "call": trace.call.to_data(),
+        "autocast": trace.autocast.to_data(),
     }
 
 
 def fingerprint(trace: Trace) -> str:
     """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step. How the
-    inputs are passed (the "call") is left out: the planned module checks it on every call,
-    and plans made before keyword inputs keep their fingerprint."""
+    inputs are passed (the "call") and the autocast state are left out: the planned module
+    checks both on every call (autocast's casts are ops of the graph), and plans made before
+    either was recorded keep their fingerprint."""
     h = hashlib.sha256()
-    h.update(repr({k: v for k, v in graph_meta(trace).items() if k != "call"}).encode())
+    meta = graph_meta(trace)
+    h.update(repr({k: v for k, v in meta.items() if k not in ("call", "autocast")}).encode())
     for n in trace.nodes:
         h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
     return h.hexdigest()[:32]
@@ -39,6 +43,9 @@ def fingerprint(trace: Trace) -> str:
 def describe_difference(trace: Trace, meta: dict[str, Any]) -> str:
     """Say what differs between this trace and the `graph_meta` a plan was made for."""
     mine = graph_meta(trace)
+    theirs = Autocast.from_data(meta.get("autocast", []))
+    if theirs != trace.autocast:
+        return f"the plan was made under {theirs.describe()}, this step runs under {trace.autocast.describe()}"
     for key, what in (
         ("params", "parameters"),
         ("inputs", "input shapes or dtypes"),

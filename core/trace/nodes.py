@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
+from core.trace.autocast import Autocast
 from core.trace.call import CallSpec
+from core.trace.module_state import ModuleState
 
 ROLES = ("param", "state", "input", "tangent", "constant", "op")
 
@@ -88,3 +90,5 @@ class Trace:
     # tensors the model creates from Python data (`torch.tensor(0)`, a scalar written into a
     # slice): make_fx lifts them into constants; node -> its value, on the traced device
     constants: dict[int, torch.Tensor] = field(default_factory=dict)
+    autocast: Autocast = Autocast()  # the mixed-precision state the forward was traced under
+    module_state: ModuleState = ModuleState()  # the submodules' plain attributes it baked in
