@@ -18,8 +18,8 @@ from bench import MissingExtra
 from core.errors import InfeasibleBudget
 from core.frontier import minimum_budget
 from core.memory import StorageTracker, step_tensors
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan
 from core.solvers import checkmate, options, solve
 from sample_models import REGISTRY, build
 

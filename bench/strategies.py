@@ -18,7 +18,7 @@ import core
 from core.errors import fmt_bytes
 from core.frontier import minimum_budget
 from core.memory import host_copy
-from core.schedule import Plan
+from core.plan import Plan
 from core.solvers import available_methods
 
 # fractions of problem.store_all_peak, plus the minimum feasible; 25% is the goal's point

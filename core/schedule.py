@@ -1,8 +1,7 @@
 """Plans built from a solver's choices: the runs it orders, or a program of its own.
 
 A solver only chooses what runs when; `plan_from_runs` adds the frees (each value freed after
-its last read), `store_all_plan` is plain PyTorch. `Plan` itself lives in `core.plan` (it is
-re-exported here for the modules that import it with the builders).
+its last read), `store_all_plan` is plain PyTorch. `Plan` itself lives in `core.plan`.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from core.plan import Plan
 from core.problem import Problem
 from core.simulator import Instruction, program_from_runs, store_all_program
 
-__all__ = ["Plan", "plan_from_runs", "plan_of_program", "store_all_plan"]
+__all__ = ["plan_from_runs", "plan_of_program", "store_all_plan"]
 
 
 def plan_from_runs(

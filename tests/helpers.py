@@ -14,8 +14,9 @@ from torch import nn
 import core
 from core.graph import Graph, Op, Value
 from core.memory import StorageTracker, step_tensors
+from core.plan import Plan
 from core.problem import Problem
-from core.schedule import Plan, plan_from_runs, store_all_plan
+from core.schedule import plan_from_runs, store_all_plan
 from core.simulator import DagOp, simulate, store_all_program
 from core.solvers.offload import MIN_BYTES, with_transfer
 from core.solvers.rotor_table import BlockOption, ChainBlock
@@ -102,7 +103,7 @@ def forced(problem, plan: Plan, count: int) -> Plan:
 
 def check_runs_as_predicted(name: str, base: str, count: int, lane=None) -> None:
     """`count` activations of `name`'s `base` plan forced to the host, run exactly
-    (`assert_runs_exactly`), under `lane` (a core.transfers.HostLane) when given."""
+    (`assert_runs_exactly`), under `lane` (a core.runtime.transfers.HostLane) when given."""
     model, inputs = fresh(name)
     problem = core.analyze(model, inputs)
     start = store_all_plan(problem) if base == "store_all" else core.solve(problem, 1.0, base)

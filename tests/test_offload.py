@@ -22,8 +22,9 @@ from app import cli
 from core.costs import DEVICES, host_link, measure_link
 from core.errors import InfeasibleBudget, PlanFileError
 from core.frontier import minimum_budget
+from core.plan import Plan
 from core.runtime import PlannedModule
-from core.schedule import Plan, store_all_plan
+from core.schedule import store_all_plan
 from core.simulator import (
     FREE,
     OFFLOAD,

@@ -19,8 +19,9 @@ from torch import nn
 
 import core
 from core.errors import PlanFileError, RematError
+from core.plan import Plan
 from core.plan_io import MAX_FILE_BYTES, from_bytes
-from core.schedule import Plan, plan_from_runs
+from core.schedule import plan_from_runs
 from core.simulator import FREE, RUN
 
 

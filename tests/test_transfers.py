@@ -1,4 +1,4 @@
-"""The runtime's waits around host transfers (core/transfers.py), checked on CPU.
+"""The runtime's waits around host transfers (core/runtime/transfers.py), checked on CPU.
 
 CUDA's lane runs copies on a side stream; whether compute waited for them where it must is
 what decides a race there. `DeferredLane` plays the most adversarial schedule a stream allows:
