@@ -72,10 +72,15 @@ def encoder_stack() -> ZooCase:
     return ZooCase(model, (x,), {}, nn.functional.cross_entropy, (y,), 2)
 
 
-def unet() -> ZooCase:
-    """The sample U-Net (with self-attention in its middle), its loss inside."""
-    model, inputs = build("unet-tiny")
+def _sample(name: str) -> ZooCase:
+    """A sample model computing its loss inside."""
+    model, inputs = build(name)
     return ZooCase(model, inputs, {}, None, (), 2)  # type: ignore[arg-type]
+
+
+def unet() -> ZooCase:
+    """The sample U-Net (with self-attention in its middle)."""
+    return _sample("unet-tiny")
 
 
 CASES: dict[str, Callable[[], ZooCase]] = {
@@ -85,6 +90,7 @@ CASES: dict[str, Callable[[], ZooCase]] = {
     "hf-bert": bert,
     "encoder-stack": encoder_stack,
     "unet-tiny": unet,
+    "siamese-tiny": lambda: _sample("siamese-tiny"),
 }
 
 
@@ -142,16 +148,17 @@ def _between(problem: core.Problem) -> int:
     return (problem.store_all_peak + blocks.predicted_peak) // 2
 
 
-UNET_MISS = pytest.mark.xfail(
+NORM_STATS_MISS = pytest.mark.xfail(
     strict=True,
-    reason="measured peak 484 B over the prediction under bf16 autocast (fp32 is exact): an "
-    "op's real storage is larger than its fake tensor's, not yet counted",
+    reason="on CPU, bf16 layer and group norm return fp32 mean and rstd where the meta kernel "
+    "says bf16: the trace counts half their bytes (U-Net 484 B, Siamese 64 B over)",
 )
+MISSES = {"unet-tiny", "siamese-tiny"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=UNET_MISS) if n == "unet-tiny" else n for n in sorted(CASES)]
+    "name", [pytest.param(n, marks=NORM_STATS_MISS) if n in MISSES else n for n in sorted(CASES)]
 )
 def test_autocast_plans_are_exact(name: str) -> None:
     case = CASES[name]()
@@ -252,3 +259,24 @@ def test_a_checkpointed_dropout_block_plans_exactly() -> None:
     case = ZooCase(Checkpointed(), (torch.randn(8, 16),), {}, None, (), 1)  # type: ignore[arg-type]
     problem = _analyze(case)
     _assert_exact(case, core.solve(problem, 1.0), autocast=False)
+
+
+def test_a_weight_used_twice_is_cast_once_as_eager_does() -> None:
+    """A shared tower: eager's autocast caches the bf16 copy of each weight, so its two
+    gradients are summed in bf16 before the cast back; the trace must do the same (make_fx
+    turns the cache off; summing in fp32 gave gradients off by 2.4e-4)."""
+    case = _sample("siamese-tiny")
+    with torch.autocast(*BF16):
+        problem = _analyze(case)
+    weight = problem.graph.trace.param_names.index("tower_a.layers.0.fc1.weight")
+    casts = [
+        n for n in problem.graph.trace.nodes if n.label == "aten._to_copy" and n.reads == (weight,)
+    ]
+    assert len(casts) == 1
+    start = {k: v.clone() for k, v in case.model.state_dict().items()}
+    eager = _step(case, None, autocast=True)
+    case.model.load_state_dict(start)
+    got = _step(case, core.apply_plan(case.model, core.solve(problem, _between(problem))), True)
+    assert torch.equal(got.loss, eager.loss)
+    for name, want in eager.grads.items():
+        assert torch.equal(got.grads[name], want), name

@@ -178,7 +178,8 @@ def _joint_step(
     def step(*flat: torch.Tensor) -> tuple[list, list]:
         ps, ss = flat[:n_p], flat[n_p : n_p + n_s]
         xs, ts = flat[n_p + n_s : n_p + n_s + n_i], flat[n_p + n_s + n_i :]
-        leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
+        with _autocast_cache():
+            leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
         # tag each backward node with the sequence number of the forward op it differentiates
         setup_stacktrace_preservation_hooks_from_tensors([leaves[i] for i in diff])
         wrt = list(ps) + [xs[i] for i in grad_inputs]
@@ -187,6 +188,22 @@ def _joint_step(
         return list(leaves), list(grads)
 
     return step
+
+
+@contextlib.contextmanager
+def _autocast_cache() -> Iterator[None]:
+    """Autocast's cache on, as in eager, for the traced forward (make_fx turns it off): a
+    weight used twice (a shared tower) is cast once, and its two gradients meet in the cast's
+    dtype before the cast back, as eager sums them. Cleared before and after, so no cast made
+    outside the trace is reused in it."""
+    enabled = torch.is_autocast_cache_enabled()
+    torch.clear_autocast_cache()
+    torch.set_autocast_cache_enabled(True)
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache()
+        torch.set_autocast_cache_enabled(enabled)
 
 
 def _loss(loss_fn: Callable[..., Any], out: Any, targets: tuple) -> torch.Tensor:
