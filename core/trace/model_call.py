@@ -128,10 +128,11 @@ def _import_user_module(module_name: str, spec: str) -> ModuleType:
                 f"cannot import {module_name!r} for model {spec!r}: {e} (the module itself was "
                 "found: install what it imports)"
             ) from None
+        top = e.name.split(".")[0]
         raise ModelSpecError(
             f"cannot import {module_name!r} for model {spec!r}: no module named {e.name!r} in "
             f"the current directory ({cwd}) or on sys.path: run from the folder that holds "
-            f"{e.name.replace('.', '/')}.py, or add that folder to PYTHONPATH"
+            f"{top}.py (or the package {top}/), or add that folder to PYTHONPATH"
         ) from None
     except Exception as e:  # noqa: BLE001 - any import-time error of the user's module
         raise ModelSpecError(f"cannot import {module_name!r} for model {spec!r}: {e}") from None
