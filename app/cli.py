@@ -35,7 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_args(s: argparse.ArgumentParser) -> None:
-        s.add_argument("model", help="sample name (e.g. gpt-tiny) or package.module:callable")
+        s.add_argument(
+            "model",
+            help="sample name (e.g. gpt-tiny) or package.module:callable (the working "
+            "directory is searched first, as by python -m)",
+        )
         s.add_argument("--costs", default="estimated", choices=["estimated", "measured"])
         s.add_argument("--device", default="cpu", help="device preset for estimated costs")
 

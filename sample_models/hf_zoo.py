@@ -165,8 +165,10 @@ def vit(layers: int = 2) -> ZooCase:
     return ZooCase(model, (), {"pixel_values": x}, class_loss, (y,), layers)
 
 
-def mixtral(layers: int = 2) -> ZooCase:
-    """A mixture of experts: the router normalises its top-k weights in place."""
+def mixtral(layers: int = 2, experts: str | None = "batched_mm") -> ZooCase:
+    """A mixture of experts: the router normalises its top-k weights in place. `experts`:
+    transformers' experts_implementation (None: its default, grouped_mm)."""
+    extra = {} if experts is None else {"experts_implementation": experts}
     cfg = MixtralConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -177,7 +179,7 @@ def mixtral(layers: int = 2) -> ZooCase:
         num_local_experts=4,
         num_experts_per_tok=2,
         max_position_embeddings=SEQ,
-        experts_implementation="batched_mm",
+        **extra,
     )
     return _lm(_made(MixtralForCausalLM, cfg), layers)
 

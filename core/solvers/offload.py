@@ -37,9 +37,24 @@ LADDER = (1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.5, 3.0)
 # time alone is too late (the leads measured: docs/tuning.md)
 LEADS = (1.0, 2.0, 4.0, 8.0, 16.0)
 MIN_BYTES = 1024  # smaller values are not worth a transfer (torchtune skips them too)
+# an InfeasibleBudget's minimum is bisected until the bracket is this fraction of the
+# store-all peak
+SEARCH_TOLERANCE = 0.01
 
 
 def solve(problem: Problem, budget: int) -> Plan:
+    found, _ = _search(problem, budget)
+    if found is None:
+        raise InfeasibleBudget(budget, _minimum(problem, budget), "offload")
+    plan, reached = found  # only the winner is simulated as a plan
+    if reached.program == plan.program:
+        return plan
+    return replace(plan, program=list(reached.program), backward_start=reached.start)
+
+
+def _search(problem: Problem, budget: int) -> tuple[tuple[Plan, _Reached] | None, int]:
+    """The fastest (base plan, program the greedy pass reached) that fits `budget`, or None;
+    and the smallest peak the ladder reached."""
     best: tuple[Plan, _Reached] | None = None
     smallest = problem.store_all_peak
     for factor in LADDER:
@@ -56,12 +71,41 @@ def solve(problem: Problem, budget: int) -> Plan:
             best = plan, reached
         if base == problem.store_all_peak:
             break
-    if best is None:  # the smallest peak the search reached: a guide, searches from other
-        raise InfeasibleBudget(budget, smallest, "offload")  # base budgets may differ
-    plan, reached = best  # only the winner is simulated as a plan
-    if reached.program == plan.program:
-        return plan
-    return replace(plan, program=list(reached.program), backward_start=reached.start)
+    return best, smallest
+
+
+def _minimum(problem: Problem, refused: int) -> int:
+    """A budget that solves, for an InfeasibleBudget at `refused`: the smallest found.
+
+    The smallest peak a search reached is not one: a search at that budget starts from other
+    base budgets, whose greedy passes may stop higher. So the minimum is bisected (once per
+    problem, from 0) and is a budget that was solved; where feasibility is not monotone and
+    `refused` is above it, the bisection starts from `refused` instead.
+    """
+    low = _bisected(problem, 0)
+    if low > refused:
+        return low
+    return _bisected(problem, refused) if refused < problem.store_all_peak else refused
+
+
+@per_problem
+def _bisected(problem: Problem, refused: int) -> int:
+    """The smallest budget above `refused` found to solve: a bisection up to the store-all
+    peak (which always solves) to SEARCH_TOLERANCE of it, then the smallest peak the last
+    refused search reached, when that solves and is lower."""
+    lo, hi = refused, problem.store_all_peak
+    reached = hi
+    step = max(int(problem.store_all_peak * SEARCH_TOLERANCE), 1)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        found, smallest = _search(problem, mid)
+        if found is not None:
+            hi = mid
+        else:
+            lo, reached = mid, smallest
+    if lo < reached < hi and _search(problem, reached)[0] is not None:
+        return reached
+    return hi
 
 
 @dataclass

@@ -14,8 +14,11 @@ so `core.trace` does not import this module; import it as `core.trace.model_call
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -84,10 +87,7 @@ def resolve_builder(spec: str) -> Builder:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ModelSpecError(f"model {spec!r}: write package.module:callable")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import-time error of the user's module
-        raise ModelSpecError(f"cannot import {module_name!r} for model {spec!r}: {e}") from None
+    module = _import_user_module(module_name, spec)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelSpecError(f"{module_name} has no callable {attr!r} (from model {spec!r})")
@@ -107,6 +107,40 @@ def resolve_builder(spec: str) -> Builder:
         return as_call(result, spec)
 
     return build
+
+
+def _import_user_module(module_name: str, spec: str) -> ModuleType:
+    """Import the module of a "package.module:callable" spec, from the working directory first,
+    as `python -m` and `python script.py` users expect.
+
+    A console script such as `remat` puts its own bin folder, not the working directory, at
+    `sys.path[0]`: without this `remat inspect mymods:build`, run beside mymods.py, could not
+    find it. A module that is really missing gets an error naming where it was looked for.
+    """
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not _is_prefix(e.name, module_name):
+            raise ModelSpecError(
+                f"cannot import {module_name!r} for model {spec!r}: {e} (the module itself was "
+                "found: install what it imports)"
+            ) from None
+        top = e.name.split(".")[0]
+        raise ModelSpecError(
+            f"cannot import {module_name!r} for model {spec!r}: no module named {e.name!r} in "
+            f"the current directory ({cwd}) or on sys.path: run from the folder that holds "
+            f"{top}.py (or the package {top}/), or add that folder to PYTHONPATH"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any import-time error of the user's module
+        raise ModelSpecError(f"cannot import {module_name!r} for model {spec!r}: {e}") from None
+
+
+def _is_prefix(name: str, module_name: str) -> bool:
+    """Whether `name` is `module_name` or one of its parent packages."""
+    return module_name == name or module_name.startswith(name + ".")
 
 
 def as_call(result: Any, spec: str) -> ModelCall:
