@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import checkpoint
 
 from core.errors import UnsupportedModel
+from core.trace import fake_kernels
 from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
@@ -33,6 +34,8 @@ from core.trace.functionalize import functionalize_late_writes
 from core.trace.module_state import ModuleState
 from core.trace.nodes import TensorSpec, Trace
 from core.trace.scope import ModuleScope, guard
+
+fake_kernels.register()
 
 Named = list[tuple[str, torch.Tensor]]
 Forward = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[torch.Tensor]], Any]

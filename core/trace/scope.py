@@ -121,8 +121,8 @@ def _failure(e: Exception, where: str) -> UnsupportedModel:
         where,
         "check that the example inputs match what the model expects; if they do, an op "
         "there may lack a shape (meta) implementation for them in this torch: use another "
-        "implementation of that module (e.g. transformers' experts_implementation="
-        "'batched_mm' instead of grouped_mm on CPU)",
+        "implementation of that module (e.g. transformers' attn_implementation or "
+        "experts_implementation)",
     )
 
 
