@@ -18,6 +18,8 @@ for small models) and `core.solvers.options` on one block at a time.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -31,6 +33,8 @@ from core.schedule import plan_from_runs
 from core.simulator import Dag, graph_dag
 
 DEFAULT_SOLVER = os.environ.get("REMAT_ILP_SOLVER", "highs")
+_banner_silenced = False  # see _silence_highs_banner
+_banner_lock = threading.Lock()
 
 
 @dataclass
@@ -257,6 +261,40 @@ class _HiGHS(pulp.HiGHS):
         return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
 
 
+def _silence_highs_banner() -> None:
+    """Construct a first Highs with stdout (fd 1) on /dev/null, once per process.
+
+    HiGHS's C++ prints its two-line banner to fd 1 the first time a Highs object is built in
+    a process, before PuLP can pass msg=False, so a library call would write it into the
+    caller's stdout (a CLI's JSON, a notebook). Later constructions print nothing. Done just
+    before the first HiGHS solve rather than at import, so importing stays side-effect free;
+    under a lock, since solves may start in several threads and fd 1 is the process's.
+    """
+    global _banner_silenced
+    with _banner_lock:
+        if _banner_silenced:
+            return
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        try:
+            saved = os.dup(1)
+        except OSError:  # no fd 1: nowhere for the banner to go
+            saved = None
+        try:
+            if saved is not None:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, 1)
+                finally:
+                    os.close(devnull)
+            highspy.Highs()
+            _banner_silenced = True
+        finally:
+            if saved is not None:
+                os.dup2(saved, 1)
+                os.close(saved)
+
+
 def _run(
     prob: pulp.LpProblem, solver: str, time_limit: float | None, node_limit: int | None
 ) -> tuple[str, str]:
@@ -264,6 +302,7 @@ def _run(
     (meaningful when the solution is not optimal)."""
     nodes = {} if node_limit is None else {"mip_max_nodes": node_limit}
     if solver == "highs":
+        _silence_highs_banner()
         backend = _HiGHS(msg=False, timeLimit=time_limit, threads=1, **nodes)
     elif solver == "cbc":
         with warnings.catch_warnings():  # the bundled CBC: deprecated for PuLP 4 (pinned < 4)
