@@ -1,5 +1,10 @@
 """Every solver's plans on real models: valid, measured peak as predicted, gradients as eager."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import SEED_BYTES
@@ -227,3 +232,33 @@ def test_chain_probes_walk_as_the_plan_simulates():
         assert (sim.peak, sim.time) == (probe.peak, probe.time)
     plan = core.solve(problem, 0.5, "rockmate")
     assert core.solve(problem, 0.5, "rockmate").program == plan.program
+
+
+_COLD_SOLVE = """
+import core
+from core.solvers import checkmate
+from sample_models import build
+
+problem = core.analyze(*build("gpt-tiny"))
+plan = core.solve(problem, 0.6)
+print("solved", plan.predicted_peak <= plan.budget, checkmate._banner_silenced)
+"""
+
+
+def test_first_highs_solve_prints_nothing_to_stdout():
+    """HiGHS's C++ prints a banner to fd 1 when the first Highs of a process is built, before
+    PuLP's msg=False applies: a cold solve in a fresh process (no options cache) must keep
+    the caller's stdout clean, its own output intact."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, REMAT_CACHE="off", PYTHONPATH=str(root))
+    result = subprocess.run(
+        [sys.executable, "-c", _COLD_SOLVE],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "HiGHS" not in result.stdout, result.stdout
+    assert result.stdout == "solved True True\n"

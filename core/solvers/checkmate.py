@@ -18,6 +18,8 @@ for small models) and `core.solvers.options` on one block at a time.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -31,6 +33,8 @@ from core.schedule import plan_from_runs
 from core.simulator import Dag, graph_dag
 
 DEFAULT_SOLVER = os.environ.get("REMAT_ILP_SOLVER", "highs")
+_banner_silenced = False  # see _silence_highs_banner
+_banner_lock = threading.Lock()
 
 
 @dataclass
@@ -56,6 +60,35 @@ def _closure(dag: Dag, values: set[int], producer: dict[int, int]) -> set[int]:
     return out
 
 
+@dataclass
+class _Stages:
+    """The restricted model's index sets: forward and backward ops, the forward values and
+    their sizes, the backward values' fixed liveness per stage, and per stage what its backward
+    op reads (`need_at`), what it may recompute (`cand`) and what it or later stages read."""
+
+    fwd: list[int]
+    bwd: list[int]
+    producer: dict[int, int]  # forward value -> forward op producing it
+    fvals: list[int]  # forward values with a size, in op order
+    size: dict[int, int]
+    bwd_live: list[int]  # bytes of backward values live during each stage
+    need_at: list[set[int]]
+    cand: list[set[int]]
+    later_use: list[set[int]]
+    final_f: set[int]  # forward values live to the end of the step
+
+
+@dataclass
+class _Vars:
+    """The ILP and its binaries: keep (forward value kept for the backward), R (forward op
+    recomputed in a stage), S (forward value carried into a stage)."""
+
+    prob: pulp.LpProblem
+    keep: dict[int, pulp.LpVariable]
+    R: dict[tuple[int, int], pulp.LpVariable]
+    S: dict[tuple[int, int], pulp.LpVariable]
+
+
 def solve_ilp(
     dag: Dag,
     budget: int,
@@ -72,6 +105,20 @@ def solve_ilp(
     time limit does not. `lookahead=None` lets a stage recompute anything a later stage
     needs (the exact restricted model, for tests).
     """
+    st = _stages(dag, lookahead)
+    ilp = _variables(st)
+    # the order of rows is part of the model: HiGHS's choices can depend on it
+    _stage_rows(dag, st, ilp, budget)
+    _forward_rows(dag, st, ilp, budget)
+    status, limit = _run(ilp.prob, solver, time_limit, node_limit)
+    if ilp.prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return None
+    return _result(dag, st, ilp, solver, status, limit)
+
+
+def _stages(dag: Dag, lookahead: int | None) -> _Stages:
+    """The index sets of the model (see `_Stages`); a stage recomputes only forward ops that
+    the next `lookahead` stages may need (all later ones with None)."""
     ops, sizes = dag.ops, dag.sizes
     fwd = [i for i, op in enumerate(ops) if not op.backward]
     bwd = [i for i, op in enumerate(ops) if op.backward]
@@ -99,37 +146,50 @@ def solve_ilp(
         uses = set(need_at[k]) | {u for f in cand[k] for u in ops[f].inputs if u in producer}
         later_use[k] = later_use[k + 1] | uses
     final_f = {v for v in fvals if v in dag.final}
+    return _Stages(fwd, bwd, producer, fvals, size, bwd_live, need_at, cand, later_use, final_f)
 
+
+def _variables(st: _Stages) -> _Vars:
+    """The problem and its binaries, created in a fixed order (keep, R, S): column order is
+    part of the model."""
     prob = pulp.LpProblem("checkmate", pulp.LpMinimize)
-    keep = {v: prob.add_variable(f"k_{v}", cat="Binary") for v in fvals}
+    keep = {v: prob.add_variable(f"k_{v}", cat="Binary") for v in st.fvals}
     R = {
         (k, f): prob.add_variable(f"r_{k}_{f}", cat="Binary")
-        for k in range(len(bwd))
-        for f in cand[k]
+        for k in range(len(st.bwd))
+        for f in st.cand[k]
     }
     S = {
         (k, v): prob.add_variable(f"s_{k}_{v}", cat="Binary")
-        for k in range(len(bwd))
-        for v in fvals
-        if v in later_use[k] or v in final_f
+        for k in range(len(st.bwd))
+        for v in st.fvals
+        if v in st.later_use[k] or v in st.final_f
     }
+    return _Vars(prob, keep, R, S)
+
+
+def _stage_rows(dag: Dag, st: _Stages, ilp: _Vars, budget: int) -> None:
+    """The objective (recompute time) and the backward stages' rows: final values stay,
+    a copy is carried only if it was there before, what a stage reads is there, a recomputed
+    value is not also carried, and each stage's memory fits `budget`."""
+    ops, prob, keep, R, S, size = dag.ops, ilp.prob, ilp.keep, ilp.R, ilp.S, st.size
 
     def avail(k: int, v: int):
-        return S.get((k, v), 0) + R.get((k, producer[v]), 0)
+        return S.get((k, v), 0) + R.get((k, st.producer[v]), 0)
 
     prob += pulp.lpSum(ops[f].time * r for (k, f), r in R.items())
-    for v in final_f:
+    for v in st.final_f:
         prob += keep[v] == 1
-        for k in range(len(bwd)):
+        for k in range(len(st.bwd)):
             prob += S[(k, v)] == 1
     for (k, v), s in S.items():
         prev = keep[v] if k == 0 else avail(k - 1, v)
         prob += s <= prev
-    for k in range(len(bwd)):
-        for v in need_at[k]:
+    for k in range(len(st.bwd)):
+        for v in st.need_at[k]:
             if v in size:
                 prob += avail(k, v) >= 1
-        for f in cand[k]:
+        for f in st.cand[k]:
             for u in ops[f].inputs:
                 if u in size:
                     prob += avail(k, u) >= R[(k, f)]
@@ -138,12 +198,16 @@ def solve_ilp(
                     prob += R[(k, f)] + S[(k, v)] <= 1
         counted = pulp.lpSum(size[v] * s for (kk, v), s in S.items() if kk == k)
         counted += pulp.lpSum(
-            sum(size.get(v, 0) for v in ops[f].outputs) * R[(k, f)] for f in cand[k]
+            sum(size.get(v, 0) for v in ops[f].outputs) * R[(k, f)] for f in st.cand[k]
         )
-        prob += counted + bwd_live[k] <= budget
+        prob += counted + st.bwd_live[k] <= budget
 
-    # forward rows: values still read later in the forward are live; others only if kept
-    last_fwd = {v: producer[v] for v in fvals}
+
+def _forward_rows(dag: Dag, st: _Stages, ilp: _Vars, budget: int) -> None:
+    """One memory row per forward op: values still read later in the forward are live;
+    others only if kept. Rows with nothing to choose and within budget are left out."""
+    ops, producer, size, fwd = dag.ops, st.producer, st.size, st.fwd
+    last_fwd = {v: producer[v] for v in st.fvals}
     for f in fwd:
         for v in ops[f].inputs:
             if v in last_fwd:
@@ -152,18 +216,21 @@ def solve_ilp(
         if v in last_fwd:
             last_fwd[v] = fwd[-1]
     for f in fwd:
-        fixed = sum(size[v] for v in fvals if producer[v] <= f <= last_fwd[v])
-        optional = [keep[v] * size[v] for v in fvals if last_fwd[v] < f]
+        fixed = sum(size[v] for v in st.fvals if producer[v] <= f <= last_fwd[v])
+        optional = [ilp.keep[v] * size[v] for v in st.fvals if last_fwd[v] < f]
         if optional or fixed > budget:
-            prob += pulp.lpSum(optional) + fixed <= budget
-    status, limit = _run(prob, solver, time_limit, node_limit)
-    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return None
+            ilp.prob += pulp.lpSum(optional) + fixed <= budget
+
+
+def _result(dag: Dag, st: _Stages, ilp: _Vars, solver: str, status: str, limit: str) -> IlpResult:
+    """The schedule read back from a solved model: the forward once, then per stage the
+    recomputed forward ops (in op order) and its backward op; with HiGHS's bound."""
+    ops, R, prob = dag.ops, ilp.R, ilp.prob
     info = prob.solverModel.getInfo() if solver == "highs" else None
     bound = info.mip_dual_bound if info is not None else None
-    runs = list(fwd)
-    for k, b in enumerate(bwd):
-        runs.extend(f for f in sorted(cand[k]) if R[(k, f)].value() > 0.5)
+    runs = list(st.fwd)
+    for k, b in enumerate(st.bwd):
+        runs.extend(f for f in sorted(st.cand[k]) if R[(k, f)].value() > 0.5)
         runs.append(b)
     objective = sum(ops[f].time for (k, f), r in R.items() if r.value() > 0.5)
     optimal = prob.sol_status == pulp.LpSolutionOptimal
@@ -194,6 +261,40 @@ class _HiGHS(pulp.HiGHS):
         return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
 
 
+def _silence_highs_banner() -> None:
+    """Construct a first Highs with stdout (fd 1) on /dev/null, once per process.
+
+    HiGHS's C++ prints its two-line banner to fd 1 the first time a Highs object is built in
+    a process, before PuLP can pass msg=False, so a library call would write it into the
+    caller's stdout (a CLI's JSON, a notebook). Later constructions print nothing. Done just
+    before the first HiGHS solve rather than at import, so importing stays side-effect free;
+    under a lock, since solves may start in several threads and fd 1 is the process's.
+    """
+    global _banner_silenced
+    with _banner_lock:
+        if _banner_silenced:
+            return
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        try:
+            saved = os.dup(1)
+        except OSError:  # no fd 1: nowhere for the banner to go
+            saved = None
+        try:
+            if saved is not None:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, 1)
+                finally:
+                    os.close(devnull)
+            highspy.Highs()
+            _banner_silenced = True
+        finally:
+            if saved is not None:
+                os.dup2(saved, 1)
+                os.close(saved)
+
+
 def _run(
     prob: pulp.LpProblem, solver: str, time_limit: float | None, node_limit: int | None
 ) -> tuple[str, str]:
@@ -201,6 +302,7 @@ def _run(
     (meaningful when the solution is not optimal)."""
     nodes = {} if node_limit is None else {"mip_max_nodes": node_limit}
     if solver == "highs":
+        _silence_highs_banner()
         backend = _HiGHS(msg=False, timeLimit=time_limit, threads=1, **nodes)
     elif solver == "cbc":
         with warnings.catch_warnings():  # the bundled CBC: deprecated for PuLP 4 (pinned < 4)
