@@ -124,9 +124,10 @@ def test_analysis_leaves_the_random_stream_alone():
     unet, args, _ = _unet()
     model = DrawsNoise(unet)
     torch.manual_seed(5)
-    before = torch.get_rng_state()
+    before, threads = torch.get_rng_state(), torch.get_num_threads()
     problem = core.analyze(model, args)
     assert torch.equal(torch.get_rng_state(), before)
+    assert torch.get_num_threads() == threads
     run = core.apply_plan(model, store_all_plan(problem))
     torch.manual_seed(5)
     want = model(*args).item()

@@ -221,12 +221,18 @@ def _stand_in(val: Any) -> Any:
 @contextlib.contextmanager
 def _probing(vals: dict[int, Any]) -> Iterator[None]:
     """No gradients, autocast or dispatch modes; the random streams of every traced device
-    restored afterwards (dropout's kernels draw from them)."""
+    restored afterwards (dropout's kernels draw from them). One CPU thread, as op costs are
+    measured: a kernel sizes its result before splitting the work, and most probed ops are
+    so small that more threads only wait on each other (gpt-tiny on 2 busy cores: 40 ms
+    on one thread, 950 ms on two)."""
     cuda = sorted(
         {t.device for v in vals.values() for t in _tensors_of(v) if t.device.type == "cuda"},
         key=str,
     )
+    threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
+        stack.callback(torch.set_num_threads, threads)
+        torch.set_num_threads(1)
         stack.enter_context(torch.random.fork_rng(devices=cuda))
         stack.enter_context(torch.no_grad())
         stack.enter_context(_disable_current_modes())
