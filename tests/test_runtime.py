@@ -126,7 +126,7 @@ def test_multiple_inputs_and_structured_outputs():
         y.grad = None
 
 
-def test_no_grad_and_eval_just_run_the_model():
+def test_no_grad_runs_the_model_and_eval_with_grad_is_refused():
     model, inputs = fresh("resnet-tiny")
     plan = core.solve(core.analyze(model, inputs), 1.0, method="checkpoint_blocks")
     wrapped = core.apply_plan(model, plan)
@@ -134,8 +134,12 @@ def test_no_grad_and_eval_just_run_the_model():
         torch.testing.assert_close(wrapped(*inputs), model(*inputs))
     wrapped.eval()
     assert not model.training
-    smaller = tuple(t[:1] for t in inputs)  # eval runs the model itself: any shape works
-    torch.testing.assert_close(wrapped(*smaller), model(*smaller))
+    smaller = tuple(t[:1] for t in inputs)  # no_grad runs the model itself: any shape works
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(*smaller), model(*smaller))
+    # eval with gradients on is not the traced training step: refused, never run unplanned
+    with pytest.raises(core.PlanMismatch, match="training"):
+        wrapped(*inputs)
 
 
 def test_backward_twice_errors_unless_retain_graph():
