@@ -63,9 +63,6 @@ class Region:
     save: tuple[bool, ...]
     recomputed_ops: int  # graph ops of the block the plan recomputes
 
-    def policy(self) -> _Policy:
-        return _Policy(self)
-
 
 @dataclass(frozen=True)
 class Lowering:
@@ -82,8 +79,11 @@ class _Policy:
     def __init__(self, region: Region) -> None:
         self.region = region
         self.calls = 0
+        self.per_op: dict[Any, int] = {}  # under torch.compile: calls per op so far
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if torch.compiler.is_compiling():
+            return self._traced(op)
         region, n = self.region, self.calls
         if n >= len(region.ops) or region.ops[n] != _TRACED_AS.get(op, op):
             want = str(region.ops[n]) if n < len(region.ops) else "the end of the block"
@@ -94,6 +94,19 @@ class _Policy:
             )
         self.calls += 1
         return _SAVE if region.save[n] else _RECOMPUTE
+
+    def _traced(self, op: Any) -> CheckpointPolicy:
+        """The policy while torch.compile traces the region: its ops are decomposed otherwise
+        than eager's (dropout as `native_dropout`, other views), so the k-th call of an op
+        is matched to the k-th traced call of the same op, as SAC itself counts them; ops
+        the trace lacks are recomputed, and random ops are saved, since a compiled
+        recompute would draw fresh random numbers."""
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            return _SAVE
+        k = self.per_op.get(op, 0)
+        self.per_op[op] = k + 1
+        same = [i for i, o in enumerate(self.region.ops) if o == _TRACED_AS.get(op, op)]
+        return _SAVE if k < len(same) and self.region.save[same[k]] else _RECOMPUTE
 
     def check_done(self) -> None:
         """Every traced op of the region ran (called after the region's forward)."""
@@ -198,24 +211,22 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
 
 
 def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward` run under non-reentrant checkpoint with the region's selective policy."""
+    """`forward` run under non-reentrant checkpoint with the region's selective policy. The
+    context function is a plain function (torch.compile takes it as it is; a partial would
+    have to be a constant) making a fresh policy for each run."""
+    made: list[_Policy] = []
+
+    def contexts() -> tuple[Any, Any]:
+        made[:] = [_Policy(region)]
+        return create_selective_checkpoint_contexts(made[0], allow_cache_entry_mutation=True)
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        policy = region.policy()
-        out = checkpoint(
-            forward,
-            *args,
-            use_reentrant=False,
-            context_fn=functools.partial(
-                create_selective_checkpoint_contexts, policy, allow_cache_entry_mutation=True
-            ),
-            **kwargs,
-        )
+        out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         if not torch.compiler.is_compiling():
-            policy.check_done()
+            made[0].check_done()
         return out
 
     return run
