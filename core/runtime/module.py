@@ -23,6 +23,7 @@ from core.errors import PlanMismatch
 from core.graph import Graph
 from core.plan import Plan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
+from core.runtime.native import apply_native
 from core.runtime.transfers import HostLane, lane_for
 from core.trace import Autocast, TensorSpec, split_call, unflatten_output
 
@@ -148,9 +149,15 @@ def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return model.get_submodule(module), attr
 
 
+RUNTIMES = ("interpreter", "native")
+
+
 def apply_plan(
-    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None = None
-) -> PlannedModule:
+    model: nn.Module,
+    plan: Plan,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    runtime: str = "interpreter",
+) -> nn.Module:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
     made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
     be passed the same way (positions, keywords). A plan made with a loss_fn needs it again
@@ -160,6 +167,17 @@ def apply_plan(
     Nothing in the plan is trusted: `core.bind` checks it against the model (PlanMismatch,
     InvalidPlan naming the step and the reason); the module's `.plan` is the bound plan, its
     predictions recomputed on the model's own trace, not read from a file.
+
+    runtime: "interpreter" (default) runs the plan's program exactly, as predicted, in one
+    autograd Function; "native" expresses it through PyTorch's own checkpoint and selective
+    policies on the model's layers and returns the model itself (or a `NativeStep` computing
+    the loss), which composes with torch.compile and FSDP2; its peak is not the prediction
+    (`core.runtime.native`).
     """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     bound = bind(model, plan, loss_fn)
+    if runtime == "native":
+        with_loss = bound.graph.trace.call.loss
+        return apply_native(model, bound.plan, bound.loss_fn, with_loss)
     return PlannedModule(model, bound.graph, bound.plan, bound.loss_fn)
