@@ -26,6 +26,8 @@ from transformers import (
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     ResNetConfig,
     ResNetForImageClassification,
     T5Config,
@@ -97,8 +99,9 @@ def gpt2(layers: int = 2) -> ZooCase:
     return _lm(_made(GPT2LMHeadModel, cfg), layers)
 
 
-def llama(layers: int = 2) -> ZooCase:
-    cfg = LlamaConfig(
+def _llama_like(config_cls: Callable[..., Any], layers: int) -> Any:
+    """A tiny Llama-shaped config (grouped-query attention, attention dropout)."""
+    return config_cls(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
@@ -108,7 +111,15 @@ def llama(layers: int = 2) -> ZooCase:
         max_position_embeddings=SEQ,
         attention_dropout=0.1,
     )
-    return _lm(_made(LlamaForCausalLM, cfg), layers)
+
+
+def llama(layers: int = 2) -> ZooCase:
+    return _lm(_made(LlamaForCausalLM, _llama_like(LlamaConfig, layers)), layers)
+
+
+def qwen2(layers: int = 2) -> ZooCase:
+    """Qwen2 (not in ZOO: the mixed-precision and checkpointing tests use it)."""
+    return _lm(_made(Qwen2ForCausalLM, _llama_like(Qwen2Config, layers)), layers)
 
 
 def bert(layers: int = 2) -> ZooCase:

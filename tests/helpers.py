@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 
 import torch
@@ -67,6 +68,13 @@ def assert_same_grads(got: dict, want: dict) -> float:
         torch.testing.assert_close(got[name], want[name], msg=lambda m, n=name: f"{n}: {m}")
         worst = max(worst, (got[name] - want[name]).abs().max().item())
     return worst
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: a gloo rendezvous's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def serve_in_thread(app) -> tuple[str, object]:

@@ -12,12 +12,11 @@ import pytest
 import torch
 from helpers import SEED_BYTES
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import core
 from core.memory import StorageTracker, step_tensors
 from sample_models import build
-from sample_models.hf_zoo import ZooCase, bert, gpt2, llama, token_loss
+from sample_models.hf_zoo import ZooCase, bert, gpt2, llama, qwen2
 
 BF16 = ("cpu", torch.bfloat16)
 
@@ -30,25 +29,6 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def qwen2(layers: int = 2, checkpointed: bool = False) -> ZooCase:
-    """A tiny Qwen2 with attention dropout, called with a mask and the loss outside."""
-    cfg = Qwen2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-        attention_dropout=0.1,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(cfg).train()
-    case = gpt2(layers)  # the same tokens, mask and labels as the zoo's language models
-    return ZooCase(model, case.args, case.kwargs, token_loss, case.targets, layers)
 
 
 class EncoderStack(nn.Module):

@@ -6,12 +6,12 @@ asserted: docs/native.md); torch.compile and FSDP2 compose."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import free_port
 
 import core
 from core.errors import InvalidPlan, PlanMismatch
@@ -169,12 +169,6 @@ def test_native_compiles_without_graph_breaks(method, budget):
     dynamo.reset()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -209,7 +203,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_native_fsdp2_gradients_equal_fsdp2_eager(tmp_path):
-    mp.spawn(_fsdp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_fsdp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         eager, native, predicted = map(int, (tmp_path / f"ok{rank}").read_text().split())
         print(f"rank {rank}: FSDP2 eager {eager} native {native} predicted {predicted}")
