@@ -82,6 +82,7 @@ def tensor_rows(problem: Any, plan: Any, bands: list[Band]) -> list[dict]:
                 "start": b.start,
                 "end": b.end,
                 "nbytes": value.nbytes,
+                "value": b.value,
                 "name": value.name,
                 "kind": value.kind,
                 "fate": fate or value.kind,

@@ -241,6 +241,9 @@ def _budget_row():
                                         type="text",
                                         debounce=True,  # commits on Enter or blur
                                         size="6",
+                                        # on the wrapper Dash 4 puts round the box, which
+                                        # otherwise shrinks it to one character
+                                        style={"width": "6em"},
                                         # a decimal keypad on phones; the stubs miss it
                                         inputMode="decimal",  # type: ignore[arg-type]
                                     ),
@@ -358,6 +361,7 @@ def _timeline_card():
                 html.Button(
                     "next copy",
                     id=ids.JUMP_TRANSFER,
+                    disabled=True,  # until the plan on screen has copies
                     title="jump to the next offload or prefetch (offloading plans)",
                 ),
                 html.Span(id=ids.STEP_TEXT, className="step-text"),

@@ -55,6 +55,30 @@ def live_bands(problem: Any, plan: Any) -> list[Band]:
     return sorted(bands, key=lambda b: (b.start, b.value))
 
 
+def fate_at(sim: Any, value: int, fate: str, step: int) -> str:
+    """What a storage of `value`, made by an op of `fate`, is at program step `step`.
+
+    An op's fate says what happens to its results over the whole program; at one step an
+    offloaded op's storage may still be on the device (before its copy out, or while the
+    copy is in flight) or back on it (prefetched). Only a storage parked on the host at
+    `step` (its device copy released, its prefetch not yet issued) reads "offloaded"; the
+    others say where they are, from the simulation's transfers.
+    """
+    if fate != "offloaded":
+        return fate
+    mine = [t for t in sim.transfers if t.value == value]
+    if not any(t.kind == OFFLOAD for t in mine):  # another output of an offloaded op
+        return "kept" if value in sim.live_after(sim.backward_start - 1) else "freed"
+    last = max((t for t in mine if t.step <= step), key=lambda t: t.step, default=None)
+    if last is None:
+        return "not yet offloaded"
+    if last.kind == PREFETCH:
+        return "prefetched back"
+    if last.release < 0 or step < last.release:
+        return "copying to host"
+    return "offloaded"
+
+
 def alive_at(rows: list[dict], step: int) -> list[dict]:
     """The rows alive after program step `step`, largest first."""
     return sorted((r for r in rows if r["start"] <= step < r["end"]), key=lambda r: -r["nbytes"])

@@ -248,6 +248,52 @@ def test_typed_budgets_commit_on_enter_and_out_of_range_ones_say_the_minimum(rea
     message.wait_for(state="hidden")
 
 
+@pytest.mark.parametrize("size", [(1400, 1000), (1000, 700)])
+def test_the_typed_box_shows_a_whole_budget_and_follows_the_slider(ready, size):
+    """The box holds "100.0" without scrolling at both sizes; moving the slider writes its
+    value in the box, and a typed value moves the slider (one callback, no loop)."""
+    page = ready
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    box = page.locator(f"#{ids.BUDGET_INPUT}")
+    box.fill("100.0")
+    scroll, client = box.evaluate("(e) => [e.scrollWidth, e.clientWidth]")
+    assert scroll <= client, (scroll, client)  # all five characters in view
+    press(page, "End")
+    page.wait_for_function(
+        "(id) => document.getElementById(id).value === '100'", arg=ids.BUDGET_INPUT
+    )
+    press(page, "ArrowLeft")
+    press(page, "ArrowLeft")
+    page.wait_for_function(
+        "(id) => document.getElementById(id).value === '99'", arg=ids.BUDGET_INPUT
+    )
+    type_budget(page, "55.3")  # typed: the slider follows, at its 0.5% step
+    page.wait_for_function(
+        "() => document.querySelector('#timeline .js-plotly-plot').layout.meta.budget_pct === 55.5"
+    )
+    assert slider_value(page) == 55.5 and box.input_value() == "55.5"
+    press(page, "ArrowRight")
+    page.wait_for_function(
+        "(id) => document.getElementById(id).value === '56'", arg=ids.BUDGET_INPUT
+    )
+
+
+def test_next_copy_is_enabled_only_on_a_plan_with_copies(ready):
+    page = ready
+    jump = page.locator(f"#{ids.JUMP_TRANSFER}")
+    assert jump.is_disabled()  # offloading off: no copies to jump to
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
+    page.wait_for_function(
+        "(id) => !document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER, timeout=120_000
+    )
+    press(page, "End")  # the store-all budget: offloading needs no copy
+    page.wait_for_function("(id) => document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER)
+    press(page, "Home")  # the smallest budget with offloading: copies again
+    page.wait_for_function("(id) => !document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER)
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")  # off: remat alone, no copies
+    page.wait_for_function("(id) => document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER)
+
+
 def test_jumps_to_the_peak_and_to_the_next_recompute(ready):
     page = ready
     press(page, "Home")  # the smallest budget: some ops are recomputed

@@ -183,3 +183,31 @@ def test_measure_here_runs_the_switchs_plan_at_its_predicted_peak(studio):
     got = measure_plan(studio.builders["gpt-tiny"](), plan)
     assert got.peak == plan.predicted_peak + SEED_BYTES
     assert len(got.live) == len(plan.program)
+
+
+def test_the_peak_list_says_offloaded_only_of_storages_parked_on_the_host(studio):
+    """gpt-tiny on the cpu preset at half its store-all peak: two storages alive at the peak
+    (gelu_1, addmm_6) were offloaded in the forward and prefetched back before it. They are on
+    the device there, so the list says so; their op's fate ("offloaded") is not the label."""
+    from app.callbacks.memory import peak_items
+    from app.readback import fate_at, peak_step
+
+    key = studio.key("gpt-tiny", "estimated", "cpu")
+    budget = int(0.5 * studio.problem(key).store_all_peak)
+    plan = studio.plan(key, studio.offload_method, budget)
+    sim, peak = plan.simulate(), peak_step(plan.timeline)
+    ref = {"key": key, "method": studio.offload_method, "budget": budget, "value": 50}
+    items = peak_items(studio, ref, peak)[1].children
+    labels = {i.children[2].children: i.children[-1] for i in items if isinstance(i.children, list)}
+    assert labels["gelu_1"] == labels["addmm_6"] == " · prefetched back", labels
+    assert not any(text.endswith("offloaded") for text in labels.values()), labels
+    # a storage reads "offloaded" exactly while it is off the device, parked on the host
+    (gelu,) = (v.index for v in studio.problem(key).graph.values if v.name == "gelu_1")
+    off = next(t for t in sim.transfers if t.value == gelu and t.kind == "offload")
+    pre = next(t for t in sim.transfers if t.value == gelu and t.kind == "prefetch")
+    assert fate_at(sim, gelu, "offloaded", off.step - 1) == "not yet offloaded"
+    assert fate_at(sim, gelu, "offloaded", off.step) == "copying to host"
+    for step in range(off.release, pre.step):
+        assert fate_at(sim, gelu, "offloaded", step) == "offloaded"
+        assert gelu not in sim.live_after(step)
+    assert fate_at(sim, gelu, "offloaded", pre.step) == "prefetched back"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dash import ClientsideFunction, Dash, Input, Output, Patch, State, no_update
+from dash import Dash, Input, Output, Patch, State, no_update
 from dash.exceptions import PreventUpdate
 
 import core
@@ -31,24 +31,38 @@ SOLVED = {
     "step": Output(ids.STEP, "data"),
     "hint": Output(ids.BUDGET_HINT, "children"),
 }
+# The slider and the typed box follow each other in one callback (two would be a loop): a
+# typed budget sets the slider or says why not (`remat.typedBudget`, assets/app.js); a slider
+# move writes its value in the box and retires a refused typed budget's message.
+FOLLOW = (
+    Output(ids.BUDGET, "value", allow_duplicate=True),
+    Output(ids.BUDGET_INPUT, "value"),
+    Output(ids.BUDGET_MESSAGE, "children"),
+    Output(ids.BUDGET_MESSAGE, "hidden"),
+    Input(ids.BUDGET, "value"),
+    Input(ids.BUDGET_INPUT, "value"),
+    State(ids.CONTEXT, "data"),
+)
+FOLLOW_JS = """function (value, typed, context) {
+  const dc = window.dash_clientside, nu = dc.no_update;
+  const fired = dc.callback_context.triggered.map(t => t.prop_id);
+  if (fired.some(p => p.startsWith("BOX."))) {
+    const [v, message, hidden] = dc.remat.typedBudget(typed, context);
+    return [v, v === nu ? nu : String(v), message, hidden];
+  }
+  if (value === null || value === undefined) { return [nu, nu, nu, nu]; }
+  return [nu, String(value), nu, true];
+}""".replace("BOX", ids.BUDGET_INPUT)
 PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host")
 
 
 def register(app: Dash, studio: Studio) -> None:
-    app.clientside_callback(  # a slider move retires a refused typed budget's message
-        "function (value) { return true; }",
-        Output(ids.BUDGET_MESSAGE, "hidden", allow_duplicate=True),
-        Input(ids.BUDGET, "value"),
-        prevent_initial_call=True,
-    )
-    app.clientside_callback(
-        ClientsideFunction("remat", "typedBudget"),
-        Output(ids.BUDGET, "value", allow_duplicate=True),
-        Output(ids.BUDGET_MESSAGE, "children"),
-        Output(ids.BUDGET_MESSAGE, "hidden"),
-        Input(ids.BUDGET_INPUT, "value"),
-        State(ids.CONTEXT, "data"),
-        prevent_initial_call=True,
+    app.clientside_callback(FOLLOW_JS, *FOLLOW, prevent_initial_call=True)
+
+    app.clientside_callback(  # "next copy" does something only on a plan with copies
+        "function (plan) { return !(plan && plan.copies > 0); }",
+        Output(ids.JUMP_TRANSFER, "disabled"),
+        Input(ids.PLAN, "data"),
     )
 
     @app.callback(
@@ -126,7 +140,13 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "solve_time": f"{plan.solve_seconds * 1e3:.0f} ms",
         "host": fmt(sim.host_peak) if context.get("offload") else "–",
         "budget": label,
-        "plan": {"key": key, "method": method, "budget": budget, "value": value},
+        "plan": {
+            "key": key,
+            "method": method,
+            "budget": budget,
+            "value": value,
+            "copies": len(sim.transfers),  # "next copy" is enabled only when there are some
+        },
         "error": "",
         "error_hidden": True,
         "step": None if step is not None else no_update,
