@@ -3,12 +3,16 @@ with offloads forced in, and the app served in a thread for the browser and load
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import threading
+from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from hypothesis import strategies as st
 from torch import nn
 
@@ -75,6 +79,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
+    """This process as `rank` of a gloo group on 127.0.0.1:`port`, 1 thread, torn down after."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def serve_in_thread(app) -> tuple[str, object]:

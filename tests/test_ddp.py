@@ -4,9 +4,8 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import free_port, gloo_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import core
@@ -14,10 +13,7 @@ from sample_models import build
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
+    with gloo_group(rank, world, port):
         plain, inputs = build("gpt-tiny")
         planned, _ = build("gpt-tiny")
         inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
@@ -33,8 +29,6 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         for n, p in planned.named_parameters():
             torch.testing.assert_close(p.grad, grads[n], msg=n)
         open(os.path.join(out_dir, f"ok{rank}"), "w").close()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

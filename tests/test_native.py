@@ -9,9 +9,8 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import free_port, gloo_group
 
 import core
 from core.errors import InvalidPlan, PlanMismatch
@@ -172,10 +171,7 @@ def test_native_compiles_without_graph_breaks(method, budget):
 def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
+    with gloo_group(rank, world, port):
         plain, inputs = build("gpt-tiny")
         planned, _ = build("gpt-tiny")
         inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
@@ -197,8 +193,6 @@ def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             assert torch.equal(p.grad.full_tensor(), grads[n]), n
         with open(os.path.join(out_dir, f"ok{rank}"), "w") as f:
             f.write(f"{peaks[0]} {peaks[1]} {plan.predicted_peak}")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
