@@ -89,6 +89,7 @@ def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
     torch.set_num_threads(1)
     try:
         yield
+        dist.barrier()  # no rank tears down while another still has collectives in flight
     finally:
         dist.destroy_process_group()
 
