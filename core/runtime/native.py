@@ -62,6 +62,9 @@ class Region:
     ops: tuple[Any, ...]  # ATen OpOverloads, in execution order
     save: tuple[bool, ...]
     recomputed_ops: int  # graph ops of the block the plan recomputes
+    nodes: tuple[int, ...] = ()  # the traced node of each op
+    forward_nodes: frozenset[int] = frozenset()  # every traced node the module runs
+    cached: frozenset[int] = frozenset()  # graph ops whose results the policy saves
 
 
 @dataclass(frozen=True)
@@ -192,11 +195,8 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
     graph = problem.graph
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    order = [
-        n
-        for n in _module_nodes(problem, module)
-        if isinstance(nodes[n].target, torch._ops.OpOverload)
-    ]
+    every = _module_nodes(problem, module)
+    order = [n for n in every if isinstance(nodes[n].target, torch._ops.OpOverload)]
     order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
     ops_in = sorted({op_of[n] for n in order if n in op_of})
     saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
@@ -207,7 +207,11 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
                 saved.discard(o)
             later_recomputed = later_recomputed or o not in saved
     save = tuple(op_of.get(n) in saved for n in order)
-    return Region(block, module, tuple(nodes[n].target for n in order), save, recomputed)
+    targets = tuple(nodes[n].target for n in order)
+    cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
+    return Region(
+        block, module, targets, save, recomputed, tuple(order), frozenset(every), cached
+    )
 
 
 def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:

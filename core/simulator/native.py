@@ -1,0 +1,257 @@
+"""Native execution simulated: a traced step run as eager PyTorch with some modules under
+non-reentrant `torch.utils.checkpoint` and a selective policy, turned into a program over
+the step's ops (plus a recomputed copy of each value a checkpoint recomputes) that the one
+walker (`core.simulator.walker`) walks to its peak and time.
+
+The rules, from `torch/utils/checkpoint.py` (torch 2.13) and autograd, each held to a
+measured step by tests:
+- The forward runs every op once. A value lives while Python holds it (until its last
+  forward read) and while something saves it: an autograd node outside every checkpoint
+  (until that node's backward, its last backward read), the selective-checkpoint cache of
+  its region (a MUST_SAVE op's results: until the recompute takes them back, or until the
+  region's frame dies when the recompute stops before them), or a region's frame, which
+  holds the region's inputs (`save_inputs`, and the kwargs in `recompute_fn`'s closure)
+  until the region's last node that saved a tensor has run its backward. Inside a region a
+  saved tensor is packed into a holder: autograd does not hold it.
+- In the backward, ops run in the traced order; the first node of a region that unpacks a
+  saved tensor makes checkpoint re-run the region's forward: its ops in order, cached ops
+  costing nothing and allocating nothing, up to the op whose node filled the region's last
+  holder (early stop, `_StopRecomputationError`). A recomputed value is held by the frame's
+  `recomputed` map until the last of the region's nodes that saved it has run; Python
+  drops the others after their last read in the recompute.
+
+A backward op belongs to the autograd node whose sequence number its first traced node
+carries; that node was made by the first forward node with that number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.graph import Graph
+from core.simulator.program import FREE, RUN, Instruction, step_values
+from core.simulator.walker import Walk, walk
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """One region run under checkpoint: the traced forward nodes its module runs and the
+    graph ops whose results its policy saves (MUST_SAVE)."""
+
+    nodes: frozenset[int]
+    cached: frozenset[int]
+
+
+@dataclass(frozen=True)
+class NativeOp:
+    """An op of the native program: a graph op, or a recompute of one (its outputs copies)."""
+
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    time: float
+    source: int  # the graph op it runs
+
+
+@dataclass(frozen=True)
+class NativeProgram:
+    """A step under native execution as a program the walker walks: `ops` are the graph's
+    ops then the recomputes (copies of values numbered after the graph's)."""
+
+    ops: tuple[NativeOp, ...]
+    program: tuple[Instruction, ...]
+    backward_start: int
+    sizes: dict[int, int]
+    recomputed_ops: int
+    recompute_time: float
+
+    def walk(self, graph: Graph) -> Walk:
+        """The program walked from the step's placeholders: peak and time."""
+        _, initial, arriving = step_values(graph)
+        return walk(
+            self.ops,
+            self.program,
+            self.backward_start,
+            self.sizes,
+            initial,
+            arriving,
+            graph.final_values,
+        )
+
+
+@dataclass
+class _Region:
+    """What the program needs of a region: its forward ops, its saving nodes' backward ops,
+    where its recompute starts and stops."""
+
+    ops: list[int]  # graph forward ops run in the module, in order
+    cached: frozenset[int]
+    saving: set[int]  # backward ops of the region's nodes that saved a tensor
+    stop: int = -1  # the last op the recompute runs (-1: nothing recomputed)
+
+
+def native_program(graph: Graph, regions: Sequence[Checkpointed]) -> NativeProgram:
+    """The native program of `graph` with `regions` checkpointed (the rules above)."""
+    nodes = graph.trace.nodes
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
+    for n in nodes:
+        if n.role == "op" and n.module is not None:
+            maker.setdefault(n.seq_nr, n.index)
+    region_of_node = {n: r for r, reg in enumerate(regions) for n in reg.nodes}
+    existing = {v.index for v in graph.values if v.producer is None or _forward(graph, v)}
+    arriving = {v.index for v in graph.values if v.kind == "tangent"}
+    parts = [_Region(_ops_in(reg, op_of), reg.cached, set()) for reg in regions]
+    owner: dict[int, int] = {}  # backward op -> region of its node
+    node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
+    saving: set[int] = set()  # forward nodes that made a node saving a tensor
+    for b in graph.backward_ops:
+        made = maker.get(nodes[graph.ops[b].nodes[0]].seq_nr)
+        r = region_of_node.get(made) if made is not None else None
+        if r is None or made is None:
+            continue
+        owner[b], node_of[b] = r, made
+        if any(v in existing and v not in arriving for v in graph.ops[b].inputs):
+            saving.add(made)
+    for b, made in node_of.items():
+        if made in saving:
+            part = parts[owner[b]]
+            part.saving.add(b)
+            part.stop = max(part.stop, op_of[made])
+    return _Builder(graph, parts, owner).build()
+
+
+def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
+    return graph.ops[value.producer].phase == "forward"
+
+
+def _ops_in(region: Checkpointed, op_of: dict[int, int]) -> list[int]:
+    return sorted({op_of[n] for n in region.nodes if n in op_of})
+
+
+class _Builder:
+    """Run positions, copies and each value's release position, then the program."""
+
+    def __init__(self, graph: Graph, parts: list[_Region], owner: dict[int, int]) -> None:
+        self.graph, self.parts, self.owner = graph, parts, owner
+        self.ops: list[NativeOp] = [
+            NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops
+        ]
+        self.sizes, _, _ = step_values(graph)
+        self.runs: list[int] = []  # native op per position
+        self.release: dict[int, int] = {}  # value -> position after which it is freed
+        self.recomputed = 0
+        self.recompute_time = 0.0
+
+    def _run(self, o: int) -> None:
+        pos = len(self.runs)
+        self.runs.append(o)
+        op = self.ops[o]
+        for v in op.inputs:
+            if v in self.release:
+                self.release[v] = max(self.release[v], pos)
+        for v in op.outputs:
+            self.release[v] = pos
+
+    def _hold(self, v: int, pos: int) -> None:
+        """`v` is held (by a frame or a cache) until after position `pos`."""
+        if v in self.release:
+            self.release[v] = max(self.release[v], pos)
+
+    def build(self) -> NativeProgram:
+        graph, parts = self.graph, self.parts
+        for o in graph.forward_ops:
+            self._run(o)
+        n_forward = len(self.runs)
+        region_of_op = {o: r for r, p in enumerate(parts) for o in p.ops}
+        last = {r: max(p.saving) for r, p in enumerate(parts) if p.saving}
+        copies: dict[int, dict[int, int]] = {}
+        death: dict[int, int] = {}  # region -> position after which its frame is gone
+        for r, p in enumerate(parts):
+            if not p.saving:
+                death[r] = max(p.ops) if p.ops else -1
+        for b in graph.backward_ops:
+            r = self.owner.get(b)
+            if r is not None and r not in copies and b in parts[r].saving:
+                copies[r] = self._recompute(r)
+            op = graph.ops[b]
+            if r is not None and r in copies:
+                inputs = tuple(copies[r].get(v, v) for v in op.inputs)
+                self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
+            self._run(b)
+            if r is not None and last.get(r) == b:
+                death[r] = len(self.runs) - 1
+        for r, p in enumerate(parts):
+            self._frame_holds(r, p, region_of_op, death[r])
+        return self._program(n_forward)
+
+    def _recompute(self, r: int) -> dict[int, int]:
+        """Re-run region `r`'s forward up to its last saving op; returns value -> copy."""
+        part, graph = self.parts[r], self.graph
+        copy: dict[int, int] = {}
+        for o in part.ops:
+            if o > part.stop:
+                break
+            if o in part.cached:
+                continue
+            op = graph.ops[o]
+            outputs = []
+            for v in op.outputs:
+                copy[v] = self._new_value(v)
+                outputs.append(copy[v])
+            inputs = tuple(copy.get(v, v) for v in op.inputs)
+            self.ops.append(NativeOp(inputs, tuple(outputs), op.time, o))
+            self._run(len(self.ops) - 1)
+            self.recomputed += 1
+            self.recompute_time += op.time
+        return copy
+
+    def _new_value(self, v: int) -> int:
+        new = max(self.sizes) + 1
+        self.sizes[new] = self.sizes.get(v, 0)
+        return new
+
+    def _frame_holds(self, r: int, part: _Region, region_of_op: dict[int, int], end: int) -> None:
+        """Region `r`'s frame holds its inputs, and its cache the results of cached ops the
+        recompute never reached, until the frame dies (after position `end`)."""
+        graph = self.graph
+        mine = set(part.ops)
+        for o in part.ops:
+            for v in graph.ops[o].inputs:
+                producer = graph.values[v].producer
+                if producer is not None and producer not in mine:
+                    self._hold(v, end)
+            if o in part.cached and o > part.stop:
+                for v in graph.ops[o].outputs:
+                    self._hold(v, end)
+
+    def _program(self, n_forward: int) -> NativeProgram:
+        graph = self.graph
+        final = graph.final_values
+        frees: dict[int, list[int]] = {}
+        for v, pos in self.release.items():
+            if v not in final:
+                frees.setdefault(pos, []).append(v)
+        tangents = [v.index for v in graph.values if v.kind == "tangent"]
+        reads = {v: n_forward for v in tangents}
+        for pos in range(n_forward, len(self.runs)):
+            for v in self.ops[self.runs[pos]].inputs:
+                if v in reads:
+                    reads[v] = pos
+        for v, pos in reads.items():
+            frees.setdefault(pos, []).append(v)
+        program: list[Instruction] = []
+        start = 0
+        for pos, o in enumerate(self.runs):
+            if pos == n_forward:
+                start = len(program)
+            program.append((RUN, o))
+            program += [(FREE, v) for v in sorted(frees.get(pos, ()))]
+        return NativeProgram(
+            tuple(self.ops),
+            tuple(program),
+            start,
+            self.sizes,
+            self.recomputed,
+            self.recompute_time,
+        )
