@@ -28,51 +28,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import (
-    SAC_IGNORED_OPS,
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
 
-from core.errors import InvalidPlan, PlanMismatch
+from core.errors import PlanMismatch
+from core.lowering import Lowering, Region, lower
 from core.plan import Plan
-from core.problem import Problem
-from core.simulator import OFFLOAD, PREFETCH
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
 # (torch/fx/experimental/proxy_tensor.py): eager dispatch shows the former
 _TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 _MARK = "_remat_native"  # attribute on the model: the installed lowering (to remove it)
-
-
-@dataclass(frozen=True)
-class Region:
-    """One block run as a checkpointed submodule: the ops its policy sees, in order, and
-    for each whether its result is saved (True) or recomputed."""
-
-    block: int
-    module: str  # the submodule path, e.g. "transformer.h.0"
-    ops: tuple[Any, ...]  # ATen OpOverloads, in execution order
-    save: tuple[bool, ...]
-    recomputed_ops: int  # graph ops of the block the plan recomputes
-    nodes: tuple[int, ...] = ()  # the traced node of each op
-    forward_nodes: frozenset[int] = frozenset()  # every traced node the module runs
-    cached: frozenset[int] = frozenset()  # graph ops whose results the policy saves
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """A plan as native execution runs it: the checkpointed regions and what it leaves out."""
-
-    regions: tuple[Region, ...]
-    notes: tuple[str, ...]
 
 
 class _Policy:
@@ -118,100 +92,6 @@ class _Policy:
                 f"{self.region.module}: the block ran {self.calls} ops, the trace has "
                 f"{len(self.region.ops)}: analyse the model as it runs now"
             )
-
-
-def lower(plan: Plan) -> Lowering:
-    """The regions and notes of `plan` (bound to its problem) under native execution.
-    InvalidPlan when the plan offloads (native execution does not move values yet)."""
-    problem = plan.attached_problem()
-    if any(kind in (OFFLOAD, PREFETCH) for kind, _ in plan.program):
-        raise InvalidPlan(
-            "this plan offloads activations to the host; native execution does not express "
-            "offloads yet: apply it with runtime='interpreter', or make a plan without offload"
-        )
-    sim = plan.simulate()
-    kept = sim.live_after(plan.backward_start - 1)
-    runs = {o: len(steps) for o, steps in sim.op_steps.items()}
-    regions: list[Region] = []
-    notes: list[str] = []
-    for block in problem.blocks:
-        recomputed = [o for o in block.forward_ops if runs.get(o, 0) > 1]
-        if not recomputed:
-            continue  # kept whole (or freed and never needed): runs as eager does
-        module = _module_of(problem, block.index)
-        if module is None:
-            notes.append(
-                f"block {block.index} ({block.name or 'the root'}): the plan recomputes "
-                f"{len(recomputed)} ops there, but no submodule runs exactly this block; "
-                "native execution keeps it whole"
-            )
-            continue
-        repeated = sum(1 for o in recomputed if runs[o] > 2)
-        if repeated:
-            notes.append(
-                f"block {block.index} ({module}): the plan runs {repeated} forward ops more "
-                "than twice; checkpoint recomputes them once"
-            )
-        regions.append(_region(problem, block.index, module, kept, len(recomputed)))
-    return Lowering(tuple(regions), tuple(notes))
-
-
-def _module_nodes(problem: Problem, module: str) -> list[int]:
-    """Traced forward nodes run inside `module` (or its children), in order."""
-    prefix = module + "."
-    return [
-        n.index
-        for n in problem.graph.trace.nodes
-        if n.role == "op"
-        and n.module is not None
-        and (n.module == module or n.module.startswith(prefix))
-    ]
-
-
-def _module_of(problem: Problem, block: int) -> str | None:
-    """The submodule whose forward runs exactly `block`'s ops (step constants aside), in
-    one contiguous stretch of the trace; None when there is none."""
-    name = problem.blocks[block].name
-    if not name:
-        return None
-    graph, consts = problem.graph, set(problem.constant_ops)
-    op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    nodes = _module_nodes(problem, name)
-    forward = [n.index for n in graph.trace.nodes if n.role == "op" and n.module is not None]
-    if not nodes or forward[forward.index(nodes[0]) : forward.index(nodes[-1]) + 1] != nodes:
-        return None  # interleaved with other modules' ops: called twice, or shared
-    mine = {op_of[n] for n in nodes if n in op_of} - consts
-    if mine != set(problem.blocks[block].forward_ops) - consts:
-        return None
-    return name
-
-
-def _region(problem: Problem, block: int, module: str, kept: set[int], recomputed: int) -> Region:
-    """The region's ops in execution order and what its policy saves: an op (with the
-    aliasing and in-place nodes folded into it) is saved when the plan keeps one of its
-    results through the forward. A random op is saved only when every later random op of
-    the region is: a cached op draws no random numbers on recompute, so a later recomputed
-    one would draw others than in the forward."""
-    graph = problem.graph
-    nodes = graph.trace.nodes
-    op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    every = _module_nodes(problem, module)
-    order = [n for n in every if isinstance(nodes[n].target, torch._ops.OpOverload)]
-    order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
-    ops_in = sorted({op_of[n] for n in order if n in op_of})
-    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
-    later_recomputed = False
-    for o in reversed(ops_in):
-        if graph.ops[o].random:
-            if later_recomputed:
-                saved.discard(o)
-            later_recomputed = later_recomputed or o not in saved
-    save = tuple(op_of.get(n) in saved for n in order)
-    targets = tuple(nodes[n].target for n in order)
-    cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
-    return Region(
-        block, module, targets, save, recomputed, tuple(order), frozenset(every), cached
-    )
 
 
 def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:

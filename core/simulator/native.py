@@ -90,8 +90,12 @@ class _Region:
     stop: int = -1  # the last op the recompute runs (-1: nothing recomputed)
 
 
-def native_program(graph: Graph, regions: Sequence[Checkpointed]) -> NativeProgram:
-    """The native program of `graph` with `regions` checkpointed (the rules above)."""
+def native_program(
+    graph: Graph, regions: Sequence[Checkpointed], dropped: dict[int, int] | None = None
+) -> NativeProgram:
+    """The native program of `graph` with `regions` checkpointed (the rules above).
+    `dropped`: forward value -> the forward op after which the model's Python code drops it
+    (`core.trace.lifetimes`); a value missing is dropped after its last forward read."""
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
@@ -101,7 +105,7 @@ def native_program(graph: Graph, regions: Sequence[Checkpointed]) -> NativeProgr
     region_of_node = {n: r for r, reg in enumerate(regions) for n in reg.nodes}
     existing = {v.index for v in graph.values if v.producer is None or _forward(graph, v)}
     arriving = {v.index for v in graph.values if v.kind == "tangent"}
-    parts = [_Region(_ops_in(reg, op_of), reg.cached, set()) for reg in regions]
+    parts = [_Region(_ops_in(reg, graph), reg.cached, set()) for reg in regions]
     owner: dict[int, int] = {}  # backward op -> region of its node
     node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
     saving: set[int] = set()  # forward nodes that made a node saving a tensor
@@ -118,22 +122,26 @@ def native_program(graph: Graph, regions: Sequence[Checkpointed]) -> NativeProgr
             part = parts[owner[b]]
             part.saving.add(b)
             part.stop = max(part.stop, op_of[made])
-    return _Builder(graph, parts, owner).build()
+    return _Builder(graph, parts, owner, dropped or {}).build()
 
 
 def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
     return graph.ops[value.producer].phase == "forward"
 
 
-def _ops_in(region: Checkpointed, op_of: dict[int, int]) -> list[int]:
-    return sorted({op_of[n] for n in region.nodes if n in op_of})
+def _ops_in(region: Checkpointed, graph: Graph) -> list[int]:
+    """The graph ops the region runs: those whose allocating node is the module's (a view
+    the module takes of an outer value allocates nothing, and is not recomputed)."""
+    return [o for o in graph.forward_ops if graph.ops[o].nodes[0] in region.nodes]
 
 
 class _Builder:
     """Run positions, copies and each value's release position, then the program."""
 
-    def __init__(self, graph: Graph, parts: list[_Region], owner: dict[int, int]) -> None:
-        self.graph, self.parts, self.owner = graph, parts, owner
+    def __init__(
+        self, graph: Graph, parts: list[_Region], owner: dict[int, int], dropped: dict[int, int]
+    ) -> None:
+        self.graph, self.parts, self.owner, self.dropped = graph, parts, owner, dropped
         self.ops: list[NativeOp] = [
             NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops
         ]
@@ -160,9 +168,14 @@ class _Builder:
 
     def build(self) -> NativeProgram:
         graph, parts = self.graph, self.parts
+        at: dict[int, int] = {}
         for o in graph.forward_ops:
+            at[o] = len(self.runs)
             self._run(o)
         n_forward = len(self.runs)
+        for v, o in self.dropped.items():
+            if o in at:
+                self._hold(v, at[o])
         region_of_op = {o: r for r, p in enumerate(parts) for o in p.ops}
         last = {r: max(p.saving) for r, p in enumerate(parts) if p.saving}
         copies: dict[int, dict[int, int]] = {}
@@ -189,11 +202,17 @@ class _Builder:
         """Re-run region `r`'s forward up to its last saving op; returns value -> copy."""
         part, graph = self.parts[r], self.graph
         copy: dict[int, int] = {}
+        at: dict[int, int] = {}  # region op -> position of the last recompute run by then
+        made: list[int] = []  # values the recompute hands Python (copies, cached results)
         for o in part.ops:
             if o > part.stop:
                 break
+            at[o] = len(self.runs) - 1
             if o in part.cached:
+                made += graph.ops[o].outputs
                 continue
+            made += graph.ops[o].outputs
+            at[o] = len(self.runs)
             op = graph.ops[o]
             outputs = []
             for v in op.outputs:
@@ -204,6 +223,10 @@ class _Builder:
             self._run(len(self.ops) - 1)
             self.recomputed += 1
             self.recompute_time += op.time
+        end = len(self.runs) - 1  # the recompute stops: Python drops what it still holds
+        for v in made:
+            drop = self.dropped.get(v)
+            self._hold(copy.get(v, v), at.get(drop, end) if drop is not None else -1)
         return copy
 
     def _new_value(self, v: int) -> int:

@@ -1,0 +1,176 @@
+"""A plan lowered to native execution: which layers run under non-reentrant checkpoint with
+which selective policy, what native execution cannot express (notes), and the native step's
+own prediction (`core.simulator.native`), before anything is applied.
+
+A block of the plan's chain whose forward is exactly one submodule's forward (a layer, e.g.
+`transformer.h.3`) and where the plan recomputes something becomes a `Region`: the ATen ops
+its policy will see, in order, and for each whether its result is saved (MUST_SAVE: the
+plan keeps it through the forward) or recomputed. `core.runtime.native` installs them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from core.errors import InvalidPlan
+from core.plan import Plan, Prediction
+from core.problem import Problem, per_problem
+from core.simulator import OFFLOAD, PREFETCH
+from core.simulator.native import Checkpointed, native_program
+from core.trace.lifetimes import python_lifetimes
+
+
+@dataclass(frozen=True)
+class Region:
+    """One block run as a checkpointed submodule: the ops its policy sees, in order, and
+    for each whether its result is saved (True) or recomputed."""
+
+    block: int
+    module: str  # the submodule path, e.g. "transformer.h.0"
+    ops: tuple[Any, ...]  # ATen OpOverloads, in execution order
+    save: tuple[bool, ...]
+    recomputed_ops: int  # graph ops of the block the plan recomputes
+    nodes: tuple[int, ...] = ()  # the traced node of each op
+    forward_nodes: frozenset[int] = frozenset()  # every traced node the module runs
+    cached: frozenset[int] = frozenset()  # graph ops whose results the policy saves
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """A plan as native execution runs it: the checkpointed regions and what it leaves out."""
+
+    regions: tuple[Region, ...]
+    notes: tuple[str, ...]
+    prediction: Prediction  # the native step's peak and time, simulated (not the plan's)
+    recomputed_ops: int  # op runs the checkpoints' recomputes add
+
+
+def lower(plan: Plan) -> Lowering:
+    """The regions and notes of `plan` (bound to its problem) under native execution.
+    InvalidPlan when the plan offloads (native execution does not move values yet)."""
+    problem = plan.attached_problem()
+    if any(kind in (OFFLOAD, PREFETCH) for kind, _ in plan.program):
+        raise InvalidPlan(
+            "this plan offloads activations to the host; native execution does not express "
+            "offloads yet: apply it with runtime='interpreter', or make a plan without offload"
+        )
+    sim = plan.simulate()
+    kept = sim.live_after(plan.backward_start - 1)
+    runs = {o: len(steps) for o, steps in sim.op_steps.items()}
+    regions: list[Region] = []
+    notes: list[str] = []
+    for block in problem.blocks:
+        recomputed = [o for o in block.forward_ops if runs.get(o, 0) > 1]
+        if not recomputed:
+            continue  # kept whole (or freed and never needed): runs as eager does
+        module = _module_of(problem, block.index)
+        if module is None:
+            notes.append(
+                f"block {block.index} ({block.name or 'the root'}): the plan recomputes "
+                f"{len(recomputed)} ops there, but no submodule runs exactly this block; "
+                "native execution keeps it whole"
+            )
+            continue
+        repeated = sum(1 for o in recomputed if runs[o] > 2)
+        if repeated:
+            notes.append(
+                f"block {block.index} ({module}): the plan runs {repeated} forward ops more "
+                "than twice; checkpoint recomputes them once"
+            )
+        regions.append(_region(problem, block.index, module, kept, len(recomputed)))
+    native = native_program(
+        problem.graph,
+        [Checkpointed(r.forward_nodes, r.cached) for r in regions],
+        python_drops(problem),
+    )
+    walked = native.walk(problem.graph)
+    base = problem.store_all_time
+    prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
+    return Lowering(tuple(regions), tuple(notes), prediction, native.recomputed_ops)
+
+
+@per_problem
+def python_drops(problem: Problem) -> dict[int, int]:
+    """Forward value -> the forward op after which the model's Python code drops it
+    (`core.trace.lifetimes`, run once per problem); empty when the model is gone (values
+    are then taken as dropped after their last read)."""
+    model = problem.model_ref() if problem.model_ref is not None else None
+    if model is None:
+        return {}
+    graph = problem.graph
+    trace = graph.trace
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    starts = sorted((graph.ops[o].nodes[0], o) for o in graph.forward_ops)
+    firsts = [n for n, _ in starts]
+    out: dict[int, int] = {}
+    for made, dropped in python_lifetimes(model, trace, problem.loss_fn).items():
+        o = op_of.get(made)
+        k = bisect.bisect_right(firsts, dropped) - 1
+        if o is None or k < 0:
+            continue
+        ran = max(o2 for _, o2 in starts[: k + 1])
+        for v in trace.nodes[made].storages:
+            if v in graph.ops[o].outputs:
+                out[v] = ran
+    return out
+
+
+def _module_nodes(problem: Problem, module: str) -> list[int]:
+    """Traced forward nodes run inside `module` (or its children), in order."""
+    prefix = module + "."
+    return [
+        n.index
+        for n in problem.graph.trace.nodes
+        if n.role == "op"
+        and n.module is not None
+        and (n.module == module or n.module.startswith(prefix))
+    ]
+
+
+def _module_of(problem: Problem, block: int) -> str | None:
+    """The submodule whose forward runs exactly `block`'s ops (step constants aside), in
+    one contiguous stretch of the trace; None when there is none."""
+    name = problem.blocks[block].name
+    if not name:
+        return None
+    graph, consts = problem.graph, set(problem.constant_ops)
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    nodes = _module_nodes(problem, name)
+    forward = [n.index for n in graph.trace.nodes if n.role == "op" and n.module is not None]
+    if not nodes or forward[forward.index(nodes[0]) : forward.index(nodes[-1]) + 1] != nodes:
+        return None  # interleaved with other modules' ops: called twice, or shared
+    mine = {op_of[n] for n in nodes if n in op_of} - consts
+    if mine != set(problem.blocks[block].forward_ops) - consts:
+        return None
+    return name
+
+
+def _region(problem: Problem, block: int, module: str, kept: set[int], recomputed: int) -> Region:
+    """The region's ops in execution order and what its policy saves: an op (with the
+    aliasing and in-place nodes folded into it) is saved when the plan keeps one of its
+    results through the forward. A random op is saved only when every later random op of
+    the region is: a cached op draws no random numbers on recompute, so a later recomputed
+    one would draw others than in the forward."""
+    graph = problem.graph
+    nodes = graph.trace.nodes
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    every = _module_nodes(problem, module)
+    order = [n for n in every if isinstance(nodes[n].target, torch._ops.OpOverload)]
+    order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
+    ops_in = sorted({op_of[n] for n in order if n in op_of})
+    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
+    later_recomputed = False
+    for o in reversed(ops_in):
+        if graph.ops[o].random:
+            if later_recomputed:
+                saved.discard(o)
+            later_recomputed = later_recomputed or o not in saved
+    save = tuple(op_of.get(n) in saved for n in order)
+    targets = tuple(nodes[n].target for n in order)
+    cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
+    return Region(block, module, targets, save, recomputed, tuple(order), frozenset(every), cached)

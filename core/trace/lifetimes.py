@@ -1,0 +1,112 @@
+"""How long the model's Python code holds each forward value: `python_lifetimes`.
+
+Autograd holds what it saves; everything else lives while Python holds a reference (a local
+variable, an argument, a list). Under native execution a checkpointed layer's values are not
+held by autograd, so the layer's Python code decides when they are freed, in the forward and
+in the recompute: Hugging Face's attention keeps `query_states` after the rotary embedding
+made a new one. The joint trace cannot say (autograd holds every saved value there), so the
+model's forward is run once more under fake tensors and `no_grad`, and each new storage's
+death is recorded against the op running when Python dropped it.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from core.trace.call import join_call
+from core.trace.nodes import Trace
+
+# make_fx records `lift_fresh` as `lift_fresh_copy` (torch/fx/experimental/proxy_tensor.py)
+_WINDOW = 64  # probe ops a traced node may be ahead of its match (metadata queries)
+_TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
+
+
+class _Deaths(TorchDispatchMode):
+    """Every op dispatched, and for each new storage the op after which it was freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+        self.died: dict[int, int] = {}  # op that made a storage -> last op before it died
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        k = len(self.ops)
+        self.ops.append(_TRACED_AS.get(func, func))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage._cdata not in self._seen:
+                    self._seen.add(storage._cdata)
+                    weakref.finalize(storage, self._dead, storage._cdata, k)
+        return out
+
+    def _dead(self, key: int, made: int) -> None:
+        self._seen.discard(key)
+        self.died.setdefault(made, len(self.ops) - 1)
+
+
+def python_lifetimes(
+    model: nn.Module, trace: Trace, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> dict[int, int]:
+    """Traced forward node that makes a storage -> the traced forward node after which the
+    model's Python code drops it: the model called as traced, on fake inputs shaped as
+    traced, without autograd, under the trace's autocast (then `loss_fn` when the trace
+    has one). Nodes whose storage outlives the forward are absent."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        example = [
+            torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=device)
+            for s in trace.input_specs
+        ]
+    args, kwargs, targets = join_call(example, trace.call)
+    deaths = _Deaths()
+    with torch.no_grad(), trace.autocast.entered(), mode, deaths:
+        out = model(*args, **kwargs)
+        if loss_fn is not None and trace.call.loss:
+            out = loss_fn(out, *targets)
+        dropped = len(deaths.ops)
+        deaths.ops.append(None)  # what dies from here on outlives the forward
+        del out
+    matched = _align(trace, deaths.ops)
+    at: list[int] = []  # probe op -> last traced node matched at or before it
+    last = -1
+    node_of = dict(matched)
+    for k in range(len(deaths.ops)):
+        last = node_of.get(k, last)
+        at.append(last)
+    return {
+        node: at[deaths.died[k]]
+        for k, node in matched
+        if k in deaths.died and deaths.died[k] < dropped and at[deaths.died[k]] >= 0
+    }
+
+
+def _align(trace: Trace, ops: list[Any]) -> list[tuple[int, int]]:
+    """(probe op, traced forward node) pairs running the same ATen op, in order: each traced
+    node matched to the next probe op with its target (the probe runs ops the trace does not
+    record, such as fake-tensor metadata queries)."""
+    pairs: list[tuple[int, int]] = []
+    k = 0
+    for n in trace.nodes:
+        if n.role != "op" or n.module is None or n.target is operator.getitem:
+            continue
+        j, end = k, min(len(ops), k + _WINDOW)
+        while j < end and ops[j] != n.target:
+            j += 1
+        if j == end:
+            continue  # recorded by the trace only (autograd's detach of a saved value)
+        pairs.append((j, n.index))
+        k = j + 1
+    return pairs
