@@ -40,7 +40,7 @@ from torch.utils.checkpoint import (
 
 from core.errors import PlanMismatch
 from core.lowering import Lowering, Region, lower
-from core.plan import Plan
+from core.plan import Plan, Prediction
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
@@ -133,6 +133,11 @@ class NativeHandle:
     @property
     def notes(self) -> tuple[str, ...]:
         return self.lowering.notes
+
+    @property
+    def prediction(self) -> Prediction:
+        """The native step's simulated peak and time (`core.simulator.native`)."""
+        return self.lowering.prediction
 
     def remove(self) -> None:
         """The model as it was before the plan was applied."""

@@ -181,19 +181,19 @@ class _Builder:
         copies: dict[int, dict[int, int]] = {}
         death: dict[int, int] = {}  # region -> position after which its frame is gone
         for r, p in enumerate(parts):
-            if not p.saving:
-                death[r] = max(p.ops) if p.ops else -1
+            if not p.saving:  # nothing saved: the frame dies when the forward leaves it
+                death[r] = max((at[o] for o in p.ops), default=-1)
         for b in graph.backward_ops:
-            r = self.owner.get(b)
-            if r is not None and r not in copies and b in parts[r].saving:
-                copies[r] = self._recompute(r)
+            reg = self.owner.get(b)
+            if reg is not None and reg not in copies and b in parts[reg].saving:
+                copies[reg] = self._recompute(reg)
             op = graph.ops[b]
-            if r is not None and r in copies:
-                inputs = tuple(copies[r].get(v, v) for v in op.inputs)
+            if reg is not None and reg in copies:
+                inputs = tuple(copies[reg].get(v, v) for v in op.inputs)
                 self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
             self._run(b)
-            if r is not None and last.get(r) == b:
-                death[r] = len(self.runs) - 1
+            if reg is not None and last.get(reg) == b:
+                death[reg] = len(self.runs) - 1
         for r, p in enumerate(parts):
             self._frame_holds(r, p, region_of_op, death[r])
         return self._program(n_forward)

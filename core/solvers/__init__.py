@@ -18,6 +18,7 @@ from core.reorder import solve_reordered
 from core.solvers import (
     checkmate,
     checkpoint_blocks,
+    native,
     offload,
     pofo,
     rockmate,
@@ -43,6 +44,7 @@ SOLVERS: dict[str, Solver] = {
     "checkmate": checkmate.solve,
     "offload": offload.solve,
     "pofo": pofo.solve,
+    "native": native.solve,
 }
 METHODS = tuple(SOLVERS)
 

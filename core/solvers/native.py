@@ -1,0 +1,52 @@
+"""Plans within what native execution expresses: `solve(problem, budget)` for method
+"native".
+
+Native execution (`apply_plan(..., runtime="native")`) runs a plan as selective checkpoint on
+the model's layers, so its peak and time are the native simulation's
+(`core.lowering.Lowering.prediction`), not the plan's program's. This method searches
+Rockmate's plans over interpreter budgets from `budget` down to Rockmate's minimum and keeps
+the one whose NATIVE peak fits `budget` at the least native time. Its notes say what native
+execution leaves out of it (repeated forwards, blocks that are no submodule).
+"""
+
+from __future__ import annotations
+
+from core.errors import InfeasibleBudget, fmt_bytes
+from core.lowering import Lowering, lower
+from core.plan import Plan
+from core.problem import Problem
+from core.solvers import rockmate
+
+STEPS = 12  # interpreter budgets tried between `budget` and Rockmate's minimum
+
+
+def solve(problem: Problem, budget: int) -> Plan:
+    """The Rockmate plan whose native peak fits `budget` with the least native time;
+    InfeasibleBudget with the least native peak found when none fits."""
+    try:
+        floor = rockmate.solve(problem, 1).predicted_peak
+    except InfeasibleBudget as e:
+        floor = e.minimum
+    best: tuple[Plan, Lowering] | None = None
+    lowest = None
+    for k in range(STEPS + 1):
+        asked = budget - (budget - floor) * k // STEPS
+        try:
+            plan = rockmate.solve(problem, max(asked, floor))
+        except InfeasibleBudget:
+            continue
+        low = lower(plan)
+        peak = low.prediction.peak
+        lowest = peak if lowest is None else min(lowest, peak)
+        if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
+            best = (plan, low)
+    if best is None:
+        raise InfeasibleBudget(budget, lowest or floor, "native")
+    plan, low = best
+    native = low.prediction
+    note = (
+        f"native execution: predicted peak {fmt_bytes(native.peak)}, overhead "
+        f"{native.overhead:.3f} (the program as planned: {fmt_bytes(plan.predicted_peak)}, "
+        f"{plan.overhead:.3f}); apply with runtime='native'"
+    )
+    return plan.replace(method="native", budget=budget).with_notes(note, *low.notes)
