@@ -1,8 +1,16 @@
 """Beyond one device: data- x tensor-parallel layouts chosen by the planner (`parallel_plan`)
 and applied with PyTorch's own DTensor tensor parallelism and FSDP2 (`parallelize`)."""
 
+from core.parallel.apply import parallelize
 from core.parallel.cost import LINKS, LinkSpec
-from core.parallel.search import Layout, Memory, ParallelPlan, StepTime, parallel_plan
+from core.parallel.search import (
+    Layout,
+    Memory,
+    ParallelError,
+    ParallelPlan,
+    StepTime,
+    parallel_plan,
+)
 from core.parallel.sharding import Pair
 
 __all__ = [
@@ -11,7 +19,9 @@ __all__ = [
     "LinkSpec",
     "Memory",
     "Pair",
+    "ParallelError",
     "ParallelPlan",
     "StepTime",
     "parallel_plan",
+    "parallelize",
 ]

@@ -23,13 +23,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from core.errors import RematError
-from core.parallel.search import Layout, ParallelPlan
+from core.parallel.search import Layout, ParallelError, ParallelPlan
 from core.runtime import apply_plan
-
-
-class ParallelError(RematError, ValueError):
-    """A layout that cannot be applied as asked: the message says what to change."""
 
 
 def parallelize(
@@ -46,16 +41,15 @@ def parallelize(
     layout = parallel_plan.best if isinstance(parallel_plan, ParallelPlan) else parallel_plan
     if layout is None:
         raise ParallelError("the parallel plan found no layout that fits: nothing to apply")
+    recomputes = remat and layout.plan is not None and layout.plan.recomputed_ops > 0
+    if recomputes and layout.tp > 1:
+        raise ParallelError(
+            f"the rank's remat plan of {layout.name} recomputes ops on a tensor-parallel "
+            "model, which the native runtime does not bind yet: pass remat=False (its peak "
+            "is then the store-all one), plan with more memory, or use tp=1"
+        )
     dp_mesh, tp_mesh = _meshes(mesh, layout)
-    step = model
-    if remat and layout.plan is not None and layout.plan.recomputed_ops:
-        if layout.tp > 1:
-            raise ParallelError(
-                f"the rank's remat plan of {layout.name} recomputes {layout.plan.recomputed_ops} "
-                "ops on a tensor-parallel model, which the native runtime does not bind yet: "
-                "pass remat=False (and plan with more memory), or use tp=1"
-            )
-        step = apply_plan(model, layout.plan, runtime="native")
+    step = apply_plan(model, layout.plan, runtime="native") if recomputes else model
     if tp_mesh is not None:
         styles: dict[str, ColwiseParallel | RowwiseParallel] = {}
         for pair in layout.pairs:

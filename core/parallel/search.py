@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from core.errors import InfeasibleBudget, UnsupportedModel, fmt_bytes
+from core.errors import InfeasibleBudget, RematError, fmt_bytes
 from core.parallel.cost import LinkSpec, link_for
 from core.parallel.sharding import KindPairs, Pair, find_pairs, rank_problem
 from core.plan import Plan
@@ -36,6 +36,11 @@ from core.problem import Problem
 from core.schedule import store_all_plan
 from core.solvers import parse_budget, solve
 from core.trace.nodes import TensorSpec
+
+
+class ParallelError(RematError, ValueError):
+    """A parallel layout asked for or applied wrongly: the message says what to change."""
+
 
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each the size of the parameters
 
@@ -138,9 +143,9 @@ def parallel_plan(
     overrides it: "nvlink4", "pcie4", ...); `method`: the rank's remat solver."""
     model = model if model is not None else (problem.model_ref() if problem.model_ref else None)
     if model is None:
-        raise UnsupportedModel("a problem whose model is gone", "", "pass model=")
-    if devices < 1:
-        raise ValueError(f"devices must be at least 1, not {devices}")
+        raise ParallelError("the problem's model is gone: pass model= (the model analysed)")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ParallelError(f"devices is a whole number of devices, at least 1, not {devices!r}")
     capacity = parse_budget(memory, problem.store_all_peak)
     spec = link_for(device, link)
     kinds = find_pairs(problem, model)
