@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     RowwiseParallel,
     parallelize_module,
 )
@@ -49,9 +50,11 @@ def parallelize(
             "is then the store-all one), plan with more memory, or use tp=1"
         )
     dp_mesh, tp_mesh = _meshes(mesh, layout)
-    step = apply_plan(model, layout.plan, runtime="native") if recomputes else model
+    step = model
+    if recomputes and layout.plan is not None:
+        step = apply_plan(model, layout.plan, runtime="native")
     if tp_mesh is not None:
-        styles: dict[str, ColwiseParallel | RowwiseParallel] = {}
+        styles: dict[str, ParallelStyle] = {}
         for pair in layout.pairs:
             styles.update({c: ColwiseParallel() for c in pair.columns})
             styles[pair.row] = RowwiseParallel()

@@ -27,7 +27,7 @@ class RankTracker(StorageTracker):
     def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__(local(t) for t in existing)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":

@@ -61,11 +61,11 @@ class Memory:
 
     def rows(self) -> list[tuple[str, int]]:
         return [
-            ("parameters", self.parameters),
-            ("optimizer (AdamW fp32)", self.optimizer),
+            ("params", self.parameters),
+            ("AdamW", self.optimizer),
             ("inputs", self.inputs),
-            ("activations + gradients", self.step),
-            ("data-parallel buffers", self.data_parallel),
+            ("acts+grads", self.step),
+            ("dp buffers", self.data_parallel),
         ]
 
 

@@ -75,7 +75,9 @@ def find_pairs(problem: Problem, model: nn.Module) -> list[KindPairs]:
             tuple(_carried(graph, first.forward_ops, b.forward_ops, p) for p in pairs)
             for b in members
         )
-        out.append(KindPairs(kind, first.name, len(members), tuple(pairs), per_block, refused))
+        out.append(
+            KindPairs(kind, first.name, len(members), tuple(pairs), per_block, tuple(refused))
+        )
     return out
 
 
@@ -114,9 +116,8 @@ def _region_before(
     region: set[int] = set()
     columns: set[int] = set()
     stack = [v for v in graph.ops[row].inputs if graph.values[v].kind == "activation"]
-    stack = [graph.values[v].producer for v in stack]
     while stack:
-        o = stack.pop()
+        o = graph.values[stack.pop()].producer
         if o is None or o in region or o in columns or o in constants:
             continue
         if o not in inside:
@@ -130,7 +131,7 @@ def _region_before(
         if any(graph.values[v].kind in ("param", "input") for v in op.inputs):
             return None, columns
         region.add(o)
-        stack.extend(graph.values[v].producer for v in op.inputs)
+        stack.extend(op.inputs)
     return region, columns
 
 
@@ -186,8 +187,13 @@ def _carried(graph: Graph, first: tuple[int, ...], other: tuple[int, ...], pair:
 
 def shardable(mods: dict[str, nn.Module], pair: Pair, tp: int) -> bool:
     """Whether every layer of `pair` divides into `tp` shards (features, not yet heads)."""
-    ok = all(mods[c].out_features % tp == 0 for c in pair.columns)
-    return ok and mods[pair.row].in_features % tp == 0
+    ok = all(_linear(mods[c]).out_features % tp == 0 for c in pair.columns)
+    return ok and _linear(mods[pair.row]).in_features % tp == 0
+
+
+def _linear(m: nn.Module) -> nn.Linear:
+    assert isinstance(m, nn.Linear), m
+    return m
 
 
 def replica(model: nn.Module, pairs: list[Pair], tp: int) -> nn.Module:
@@ -204,7 +210,8 @@ def replica(model: nn.Module, pairs: list[Pair], tp: int) -> nn.Module:
     return rep
 
 
-def _shrink(linear: nn.Module, dim: int, tp: int) -> None:
+def _shrink(module: nn.Module, dim: int, tp: int) -> None:
+    linear = _linear(module)
     w = linear.weight
     shape = list(w.shape)
     shape[dim] //= tp
