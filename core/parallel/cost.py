@@ -13,7 +13,8 @@ memory bandwidth (what large collectives sustain: NCCL all-reduce on 8 x H100 SX
 - PCIe 4.0 x16 (PCI-SIG): 31.5 GB/s each way; PCIe 5.0 x16: 63 GB/s each way.
 - gloo over loopback on this machine ("cpu"): measured, see docs/parallel.md.
 Latency: ~5 us per ring step for NVLink (NCCL's small-message all-reduce latency on one node
-is ~10-20 us over a few steps), ~10 us over PCIe; loopback as measured.
+is ~10-20 us over a few steps), ~10 us over PCIe; loopback as measured (all-reduces of 1 KiB
+and 4 MiB between two gloo processes, no derating).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ LINKS: dict[str, LinkSpec] = {
     "pcie5": LinkSpec("pcie5", 63e9 * _DERATE, 10e-6),
     "pcie4": LinkSpec("pcie4", 31.5e9 * _DERATE, 10e-6),
     # gloo between two processes on this machine (loopback TCP), measured (docs/parallel.md)
-    "loopback": LinkSpec("loopback", 1.0e9, 60e-6),
+    "loopback": LinkSpec("loopback", 0.85e9, 0.44e-3),
 }
 
 # The link a device preset's GPUs are joined by in an 8-GPU server of that kind.
