@@ -84,6 +84,7 @@ def test_a_pair_whose_heads_do_not_divide_is_replicated():
     assert tp2.memory.parameters < tp4.memory.parameters * 2  # attention split too
 
 
+@pytest.mark.slow  # solves four layouts' rank plans at small budgets: ~80 s on a loaded machine
 def test_layouts_ranked_best_fits_and_bad_input_is_refused():
     model, args, *_ = _case("gpt-tiny")
     problem = core.analyze(model, args, device="cpu")
@@ -156,6 +157,7 @@ def _spawn(tmp_path, name: str, dp: int, tp: int) -> list[tuple[int, int, int, f
     return rows
 
 
+@pytest.mark.slow  # two spawned ranks: 50-70 s each on a loaded machine
 @pytest.mark.parametrize("name", ["gpt-tiny", "hf-llama"])
 def test_tensor_parallel_two_ranks_equal_eager_and_peak_as_predicted(tmp_path, name):
     for peak, predicted, reduced, _ in _spawn(tmp_path, name, dp=1, tp=2):
