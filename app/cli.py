@@ -64,6 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", default="plan.pkl")
     s.set_defaults(run=_plan)
 
+    s = sub.add_parser(
+        "parallel", help="choose a data x tensor-parallel layout for N devices (docs/parallel.md)"
+    )
+    model_args(s)
+    s.add_argument("--devices", type=int, required=True, help="number of devices")
+    s.add_argument("--memory", required=True, help="memory of each device ('80GiB', '24GB')")
+    s.add_argument("--link", default=None, help="nvlink4, nvlink3, pcie4, ... (default: device's)")
+    s.set_defaults(run=_parallel)
+
     s = sub.add_parser("show", help="describe a plan file")
     s.add_argument("path")
     s.set_defaults(run=_show)
@@ -185,6 +194,55 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
             f"{fmt_bytes(sim.host_peak)} on the host (pool {fmt_bytes(sim.host_pool)}), "
             f"compute waits {sim.stall * 1e3:.2f} ms for prefetches"
         )
+    return 0
+
+
+def _parallel(args: argparse.Namespace, rest: list[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    import core
+
+    model, problem, _ = _analyze(args)
+    start = time.perf_counter()
+    pp = core.parallel_plan(
+        problem, args.devices, args.memory, args.device, model=model, link=args.link
+    )
+    seconds = time.perf_counter() - start
+    console = Console(width=max(120, Console().width))
+    best = pp.best
+    head = (
+        f"{args.model} on {args.devices} x {fmt_bytes(pp.memory)} ({args.device}, {pp.link.name})"
+    )
+    if best is None:
+        console.print(f"{head}: no layout fits; the closest:")
+    else:
+        console.print(f"{head}: {best.name} (dp {best.dp}, tp {best.tp}, {best.data})")
+        for line in best.kinds:
+            console.print(f"  {line}")
+    first = [x for x in (best, pp.baseline("ddp"), pp.baseline("fsdp")) if x is not None]
+    shown = list({id(x): x for x in (*first, *pp.layouts)}.values())
+    table = Table(title="per device: memory stacked by kind, predicted step time")
+    table.add_column("layout", justify="left")
+    for name, _ in shown[0].memory.rows():
+        table.add_column(name)
+    for col in ("total", "fits", "step", "per micro-batch", "of which comms"):
+        table.add_column(col)
+    for x in shown:
+        comms = x.time.tensor_parallel + x.time.data_parallel
+        table.add_row(
+            x.name + (" (chosen)" if x is best else ""),
+            *(fmt_bytes(n) for _, n in x.memory.rows()),
+            fmt_bytes(x.memory.total),
+            "yes" if x.fits else "no",
+            f"{x.time.total * 1e3:.1f} ms",
+            f"{x.per_micro_batch * 1e3:.2f} ms",
+            f"{comms * 1e3:.1f} ms",
+        )
+    console.print(table)
+    for why in dict.fromkeys(pp.refused):
+        console.print(f"replicated: {why}")
+    console.print(f"core.parallel_plan took {seconds:.1f} s")
     return 0
 
 

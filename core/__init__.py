@@ -12,6 +12,7 @@ from core.errors import (
 )
 from core.frontier import tradeoff
 from core.layout import Arena, arena
+from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, load_plan
 from core.problem import Problem, analyze
 from core.reorder import reorder
@@ -28,6 +29,8 @@ __all__ = [
     "ModelCall",
     "Plan",
     "PlanFileError",
+    "ParallelError",
+    "ParallelPlan",
     "PlanMismatch",
     "Problem",
     "RematError",
@@ -36,6 +39,8 @@ __all__ = [
     "apply_plan",
     "arena",
     "load_plan",
+    "parallel_plan",
+    "parallelize",
     "parse_budget",
     "reorder",
     "solve",
