@@ -10,6 +10,7 @@ BUDGET = "budget"  # dcc.Slider, % of the store-all peak
 BUDGET_BYTES = "budget-bytes"
 BUDGET_INPUT = "budget-input"  # typed budget (% of the store-all peak), commits on Enter or blur
 BUDGET_MESSAGE = "budget-message"  # why a typed budget was refused, with the minimum
+NUMBERS = "numbers"  # the budget card: its data-for is the plan its numbers are for
 BUDGET_HINT = "budget-hint"  # what sets this model's peak (e.g. parameter gradients)
 
 # background work
@@ -17,6 +18,7 @@ PROGRESS = "progress"
 PROGRESS_BAR = "progress-bar"
 PROGRESS_TEXT = "progress-text"
 CANCEL = "cancel"
+CANCEL_NOTE = "cancel-note"  # after cancel: the controls went back to what the page shows
 
 # stores
 CONTEXT = "context"  # the analysed problem and method the page shows: key, minimum budget
@@ -38,6 +40,7 @@ HOST = "num-host"  # bytes parked in host memory at once (offloading plans)
 # views
 INTRO = "intro"
 GRAPH = "graph"
+GRAPH_CARD = "graph-card"  # wraps the graph: its data-for is the analysis it shows
 GRAPH_LEGEND = "graph-legend"
 GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import dash_cytoscape as cyto
 from dash import dcc, html
 
@@ -54,23 +57,17 @@ def build_layout(
                 hidden=not startup_error,
             ),
             _controls(models, model, method, methods),
-            html.Div(
-                id=ids.PROGRESS,
-                className="progress",
-                style={"display": "none"},
-                children=[
-                    html.Progress(id=ids.PROGRESS_BAR, max="100", value="0"),
-                    html.Span(id=ids.PROGRESS_TEXT),
-                    html.Button("cancel", id=ids.CANCEL, className="small"),
-                ],
-            ),
+            _busy_bar(),
+            html.Div(id=ids.CANCEL_NOTE, className="message warn", role="status", hidden=True),
             html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
             html.Details(
                 open=True,
                 className="card intro",
                 children=[
                     html.Summary("What is rematerialization?"),
-                    html.Div(id=ids.INTRO, children="Analysing the model…"),
+                    html.Div(
+                        id=ids.INTRO, className="view", children="Analysing the model…", **fresh()
+                    ),
                 ],
             ),
             _glossary(),
@@ -78,7 +75,9 @@ def build_layout(
             html.Div(
                 className="grid",
                 children=[
-                    html.Div(className="card", children=_graph_card()),
+                    html.Div(
+                        className="card view", id=ids.GRAPH_CARD, children=_graph_card(), **fresh()
+                    ),
                     html.Div(className="card", children=_timeline_card()),
                 ],
             ),
@@ -99,9 +98,40 @@ def build_layout(
     )
 
 
+def fresh() -> dict[str, Any]:
+    """A view's `data-for` before anything is drawn: for no controls, so the page is busy."""
+    return {"data-for": ""}
+
+
+def _busy_bar() -> html.Div:
+    """The one busy indicator: shown by the page's watcher (assets/app.js) while any view
+    differs from the controls; the background job fills its bar and words."""
+    return html.Div(
+        id=ids.PROGRESS,
+        className="progress",
+        role="status",
+        children=[
+            html.Progress(id=ids.PROGRESS_BAR, max="100", value="0"),
+            html.Span(id=ids.PROGRESS_TEXT),
+            html.Span(className="busy-what"),
+            html.Button(
+                "cancel",
+                id=ids.CANCEL,
+                className="small",
+                title="stop, and put the controls back to what the page shows",
+            ),
+        ],
+    )
+
+
 def _controls(models, model, method, methods):
+    # the watcher reads the method menu's label: it needs each label's method
+    labels: dict[str, Any] = {
+        "data-method-labels": json.dumps({label: m for m, label in METHOD_LABELS.items()})
+    }
     return html.Div(
         className="controls card",
+        **labels,
         children=[
             html.Label(
                 ["model", dcc.Dropdown(models, model, id=ids.MODEL, clearable=False)],
@@ -211,7 +241,9 @@ def _number(label: str, id_: str) -> html.Div:
 
 def _budget_row():
     return html.Div(
-        className="card budget",
+        id=ids.NUMBERS,
+        className="card budget view",
+        **fresh(),
         children=[
             html.Div(
                 className="budget-slider",
@@ -305,6 +337,7 @@ def _plot(id_: str, height: int) -> dcc.Graph:
     """An empty zoomable figure the callbacks fill (no lasso or box select: nothing to select)."""
     return dcc.Graph(
         id=id_,
+        className="view plot",  # its figure's layout.meta.for: the controls it was drawn for
         figure={"data": [], "layout": {"height": height}},
         config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
     )
@@ -367,7 +400,12 @@ def _timeline_card():
                 html.Span(id=ids.STEP_TEXT, className="step-text"),
             ],
         ),
-        html.P("Press play or step to walk through the program.", id=ids.STEP_WHY, className="why"),
+        html.P(
+            "Press play or step to walk through the program.",
+            id=ids.STEP_WHY,
+            className="why view",
+            **fresh(),
+        ),
         html.Div(id=ids.PEAK_LIST, className="peak-list"),
         html.H2("Each tensor alive over the program"),
         html.P(
@@ -395,6 +433,7 @@ def _tradeoff_card():
         html.P("Click a point to set the budget.", className="hint"),
         dcc.Graph(
             id=ids.TRADEOFF,
+            className="view plot",
             figure={"data": [], "layout": {"height": 300}},
             config={"displaylogo": False, "displayModeBar": False},
         ),

@@ -387,10 +387,10 @@ def test_arena_view_places_every_storage_and_names_fragmentation(ready):
 def test_the_offload_switch_draws_host_bytes_the_transfer_lane_and_a_second_curve(ready):
     page = ready
     page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
-    # the remat+offload curve takes seconds: the page says so at once
+    # the remat+offload curve takes seconds: the busy bar says so
     page.wait_for_function(
-        "(id) => document.getElementById(id).textContent.startsWith('Computing the remat+offload')",
-        arg=ids.TRADEOFF_NOTE,
+        "(id) => document.getElementById(id).textContent.includes('remat+offload curve')",
+        arg=ids.PROGRESS_TEXT,
     )
     page.wait_for_function(
         """() => { const g = document.querySelector('#tradeoff .js-plotly-plot');

@@ -21,6 +21,7 @@ def register(app: Dash, studio: Studio) -> None:
             "sheet": Output(ids.GRAPH, "stylesheet"),
             "label": Output(ids.STEP_TEXT, "children"),
             "why": Output(ids.STEP_WHY, "children"),
+            "for": Output(ids.STEP_WHY, "data-for"),
         },
         inputs=[Input(ids.PLAN, "data"), Input(ids.STEP, "data")],
         prevent_initial_call=True,
@@ -28,8 +29,9 @@ def register(app: Dash, studio: Studio) -> None:
     def colour_graph(plan_ref, step):
         """Graph colours for the plan and the step-through highlight (off the slider's path)."""
         plan, problem = plan_of(studio, plan_ref)
+        sig = plan_ref.get("for") if plan_ref else None
         if plan is None:
-            return {"sheet": figures.graph_stylesheet(), "label": "", "why": ""}
+            return {"sheet": figures.graph_stylesheet(), "label": "", "why": "", "for": sig}
         fates = op_fates(problem, plan)
         prefix = figures.graph_prefix(plan_ref["key"])
         if step is None or step >= len(plan.program):
@@ -37,12 +39,13 @@ def register(app: Dash, studio: Studio) -> None:
                 "sheet": figures.graph_stylesheet(fates, prefix=prefix),
                 "label": f"{len(plan.program)} steps",
                 "why": "Press play or step to walk through the program.",
+                "for": sig,
             }
         view = step_view(problem, plan, step)
         sheet = figures.graph_stylesheet(
             fates, view["running"], view["live"], view["block"], prefix
         )
-        return {"sheet": sheet, "label": view["label"], "why": view["why"]}
+        return {"sheet": sheet, "label": view["label"], "why": view["why"], "for": sig}
 
     @app.callback(
         Output(ids.GRAPH_HOVER, "children"),
