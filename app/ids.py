@@ -50,6 +50,7 @@ ARENA = "arena"  # the address-by-time view: each storage at its offset in one a
 PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
 TRADEOFF_NOTE = "tradeoff-note"  # what the dashed curve is, or that it is being computed
+TRANSFER_LANE = "transfer-lane"  # the lane's section, shown only with offloading on
 TRANSFERS = "transfers"  # the transfer lane: copies and stalls on a time axis
 
 # measure here: the plan's real step on this machine, over the prediction

@@ -346,15 +346,35 @@ def _plot(id_: str, height: int) -> dcc.Graph:
 def _timeline_card():
     return [
         html.H2("Memory timeline"),
-        _plot(ids.TIMELINE, 340),
-        html.H3("Transfer lane"),
-        html.P(
-            "With offloading on, copies to host memory and back run on a lane of their own "
-            "beside compute, at the host link's speed; a copy back that arrives late makes "
-            "compute wait (red).",
-            className="hint",
+        _plot(ids.TIMELINE, 360),
+        _stepper(),
+        html.Div(
+            [
+                html.Span(id=ids.STEP_TEXT, className="step-text"),
+                html.P(
+                    "Press play or step to walk through the program.",
+                    id=ids.STEP_WHY,
+                    className="why view",
+                    **fresh(),
+                ),
+            ],
+            className="step-box",
         ),
-        _plot(ids.TRANSFERS, 220),
+        html.Div(id=ids.PEAK_LIST, className="peak-list"),
+        html.Div(  # only with offloading on: the copies' own lane
+            id=ids.TRANSFER_LANE,
+            hidden=True,
+            children=[
+                html.H3("Transfer lane"),
+                html.P(
+                    "Copies to host memory and back run on a lane of their own beside "
+                    "compute, at the host link's speed; a copy back that arrives late makes "
+                    "compute wait (red).",
+                    className="hint",
+                ),
+                _plot(ids.TRANSFERS, 220),
+            ],
+        ),
         html.Div(
             className="stepper",
             children=[
@@ -367,46 +387,6 @@ def _timeline_card():
                 html.Span(id=ids.MEASURE_TEXT, className="step-text"),
             ],
         ),
-        html.Div(
-            className="stepper",
-            children=[
-                html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
-                html.Button("◀", id=ids.STEP_BACK, title="previous step"),
-                html.Button("▶ play", id=ids.PLAY, title="play / pause"),
-                html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
-                html.Label(
-                    [
-                        "speed ",
-                        dcc.Dropdown(
-                            [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
-                            1,
-                            id=ids.SPEED,
-                            clearable=False,
-                            searchable=False,
-                        ),
-                    ],
-                    className="speed",
-                ),
-                html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
-                html.Button(
-                    "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
-                ),
-                html.Button(
-                    "next copy",
-                    id=ids.JUMP_TRANSFER,
-                    disabled=True,  # until the plan on screen has copies
-                    title="jump to the next offload or prefetch (offloading plans)",
-                ),
-                html.Span(id=ids.STEP_TEXT, className="step-text"),
-            ],
-        ),
-        html.P(
-            "Press play or step to walk through the program.",
-            id=ids.STEP_WHY,
-            className="why view",
-            **fresh(),
-        ),
-        html.Div(id=ids.PEAK_LIST, className="peak-list"),
         html.H2("Each tensor alive over the program"),
         html.P(
             "Every storage the step allocates, as a band from the step that makes it to the "
@@ -425,6 +405,42 @@ def _timeline_card():
         ),
         _plot(ids.ARENA, 420),
     ]
+
+
+def _stepper() -> html.Div:
+    """Step-through controls, right under the timeline their marker moves on."""
+    return html.Div(
+        className="stepper",
+        children=[
+            html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
+            html.Button("◀", id=ids.STEP_BACK, title="previous step"),
+            html.Button("▶ play", id=ids.PLAY, title="play / pause"),
+            html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
+            html.Label(
+                [
+                    "speed ",
+                    dcc.Dropdown(
+                        [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
+                        1,
+                        id=ids.SPEED,
+                        clearable=False,
+                        searchable=False,
+                    ),
+                ],
+                className="speed",
+            ),
+            html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
+            html.Button(
+                "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
+            ),
+            html.Button(
+                "next copy",
+                id=ids.JUMP_TRANSFER,
+                disabled=True,  # until the plan on screen has copies
+                title="jump to the next offload or prefetch (offloading plans)",
+            ),
+        ],
+    )
 
 
 def _tradeoff_card():

@@ -1,4 +1,5 @@
-"""Cancel: stop the work under way and put the controls back to what the page shows.
+"""Cancel: stop the work under way and put the controls back to what the page shows; the
+transfer lane shown only with offloading on.
 
 The busy bar itself is the page's watcher's (assets/app.js); this module only restores the
 controls (from the CONTEXT and PLAN stores: what the views were drawn for) and says so."""
@@ -52,6 +53,11 @@ def register(app: Dash, studio: object) -> None:
         State(ids.CONTEXT, "data"),
         State(ids.PLAN, "data"),
         prevent_initial_call=True,
+    )
+    app.clientside_callback(  # the transfer lane only when offloading is on
+        "function (on) { return !(on && on.length); }",
+        Output(ids.TRANSFER_LANE, "hidden"),
+        Input(ids.OFFLOAD, "value"),
     )
     app.clientside_callback(
         HIDE_JS,
