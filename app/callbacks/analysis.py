@@ -17,6 +17,7 @@ from app.explain import link_text
 from app.layout import intro
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, Studio
+from core.naming import block_title, op_name
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,12 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "budget": value,
         "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"]),
         "graph": figures.graph_elements(
-            problem.blocks, graph.ops, graph.values, figures.graph_prefix(context["key"])
+            problem.blocks,
+            graph.ops,
+            graph.values,
+            figures.graph_prefix(context["key"]),
+            names=[op_name(graph, o.index) for o in graph.ops],
+            titles=[block_title(graph, b) for b in problem.blocks],
         ),
         "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
         "note": tradeoff_note(context, link_text(problem)),

@@ -13,6 +13,7 @@ from app.explain import FATE_TEXT, step_view
 from app.readback import fate_of_ops, op_fates
 from app.state import Studio
 from core.errors import fmt_bytes
+from core.naming import op_name
 
 
 def register(app: Dash, studio: Studio) -> None:
@@ -62,7 +63,8 @@ def register(app: Dash, studio: Studio) -> None:
         op = graph.ops[int(node["op"])]
         fate = fate_of_ops(problem, plan).get(op.index, "")
         out = fmt_bytes(sum(graph.values[v].nbytes for v in op.outputs))
-        return f"{op.name}: {op.label}, block {node['block']}, allocates {out}" + (
+        said = op_name(graph, op.index).words
+        return f"{said} ({op.label}, {op.name}), block {node['block']}, allocates {out}" + (
             f"; {FATE_TEXT[fate]}" if fate else ""
         )
 
@@ -94,8 +96,8 @@ def block_panel(problem: Any, plan: Any, index: int) -> list:
         fate = fate_of.get(o, "backward" if op.phase == "backward" else "")
         return html.Tr(
             [
-                html.Td(op.name),
-                html.Td(op.label),
+                html.Td(op_name(graph, o).words),
+                html.Td(f"{op.label} · {op.name}"),
                 html.Td(fmt_bytes(out)),
                 html.Td(fate, className=f"fate {fate}"),
             ]
@@ -109,7 +111,7 @@ def block_panel(problem: Any, plan: Any, index: int) -> list:
             f"{', '.join(map(str, same))}."
         ),
         html.Table(
-            [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen", "allocates", "plan")]))]
+            [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen op", "allocates", "plan")]))]
             + [html.Tbody([row(o) for o in block.forward_ops + block.backward_ops])],
             className="ops",
         ),

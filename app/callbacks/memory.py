@@ -131,7 +131,13 @@ def peak_list(rows: list[dict]) -> list:
     total = sum(r["nbytes"] for r in rows)
     items = [
         html.Li(
-            [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+            [
+                html.B(fmt_bytes(r["nbytes"])),
+                " ",
+                html.Span(r.get("words") or r["name"]),
+                html.Span(f" ({r['name']})", className="aten"),
+                f" · {r['fate']}",
+            ],
             title=str(r["text"]),
         )
         for r in rows[:PEAK_ROWS]
