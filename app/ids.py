@@ -58,6 +58,9 @@ MEASURE = "measure"
 MEASURED = "measured"  # store: the plan measured and its live bytes per step
 MEASURE_TEXT = "measure-text"
 
+# will it fit: the whole training footprint against the device's memory
+FIT = "fit"
+
 # export
 EXPORT = "export"
 DOWNLOAD = "download"

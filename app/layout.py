@@ -14,6 +14,7 @@ from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
 from app.state import DEVICES, METHOD_LABELS
 from core.errors import fmt_bytes
+from core.footprint import OPTIMIZER
 
 TICK_MS = 250  # play's tick; SPEEDS are steps per tick
 SPEEDS = (1, 5, 25, 100)
@@ -459,6 +460,13 @@ def _tradeoff_card():
 
 def _export_card():
     return [
+        html.H2("Will it fit?"),
+        html.P(
+            "Training holds more than the step's budget: the parameters, the optimizer's state "
+            f"({OPTIMIZER}) and the batch. At the peak step, against the device's memory:",
+            className="hint",
+        ),
+        _plot(ids.FIT, 200),
         html.H2("Use this plan"),
         html.P("Download the plan on screen and apply it in your training script:"),
         html.Button("download plan.pkl", id=ids.EXPORT, className="primary"),

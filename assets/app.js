@@ -61,7 +61,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
   const NAMES = {intro: "the introduction", "graph-card": "the block graph",
     numbers: "the numbers", "step-why": "the step", tradeoff: "the trade-off curves",
     timeline: "the timeline", tensors: "the tensor view", arena: "the arena",
-    transfers: "the transfer lane"};
+    transfers: "the transfer lane", fit: "the footprint"};
   function check() {
     const want = controls();
     if (!want) { return; }

@@ -25,7 +25,7 @@ SAMPLER = """(labels) => {
     return e ? e.textContent.trim() : ""; };
   const on = (sel) => { const e = document.querySelector(sel); return !!(e && e.checked); };
   const HTML = ["intro", "graph-card", "numbers", "step-why"];
-  const PLOTS = ["tradeoff", "timeline", "tensors", "arena", "transfers"];
+  const PLOTS = ["tradeoff", "timeline", "tensors", "arena", "transfers", "fit"];
   window.__samples = {frames: 0, busy: 0, bad: []};
   const sample = (why) => {
     const where = on("#costs input[value=measured]") ? "here" : label("device");
@@ -107,6 +107,10 @@ def test_no_frame_shows_content_for_other_controls_without_the_busy_bar(page, ur
     page.wait_for_timeout(1500)  # the cancelled analysis must not land afterwards
     assert page.inner_text("#device-value") == "a100"
     assert not page.evaluate("() => document.body.hasAttribute('data-busy')")
+
+    fit = page.evaluate("() => document.querySelector('#fit .js-plotly-plot').layout")
+    assert fit["title"]["text"] == "an A100's memory: 80.0 GiB"  # the device's memory, drawn
+    assert len(fit["meta"]["totals"]) == 2  # plain PyTorch and the plan
 
     got = samples(page)
     assert got["bad"] == [], json.dumps(got["bad"][:3], indent=1)

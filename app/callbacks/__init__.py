@@ -12,6 +12,7 @@ from app.callbacks import (
     analysis,
     budget,
     export,
+    fit,
     fresh,
     graph,
     measured,
@@ -26,5 +27,5 @@ __all__ = ["plain_error", "register"]
 
 def register(app: Dash, studio: Studio) -> None:
     """Every callback of the page, by concern."""
-    for group in (analysis, budget, graph, memory, measured, step_through, export, fresh):
+    for group in (analysis, budget, graph, memory, measured, step_through, export, fresh, fit):
         group.register(app, studio)
