@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.readback import Band, fate_of_ops, peak_step
+from app.reasons import comparison
 from core.costs import DEVICES as DEVICE_SPECS
 from core.errors import fmt_bytes
 from core.naming import op_name
@@ -159,13 +160,15 @@ def _run_reason(problem: Any, plan: Any, i: int) -> tuple[list[int], str]:
         why = (
             f"Recompute {_said(graph, op)} of {block}: "
             f"{consumer or 'the backward'} reads it next. It was freed in the forward to "
-            f"save memory; running it again costs {price}."
-        )
+            f"save memory; running it again costs {price}. "
+            + comparison(problem, plan, target, step.block)
+        ).strip()
     elif i < plan.backward_start:
         why = (
             f"Forward of {block}: {_said(graph, op)} allocates "
-            f"{_bytes(op, graph)}; {_forward_fate(plan, graph, target, consumer, price)}."
-        )
+            f"{_bytes(op, graph)}; {_forward_fate(plan, graph, target, consumer, price)}. "
+            + comparison(problem, plan, target, step.block)
+        ).strip()
     else:
         why = (
             f"Backward of {block}: {_said(graph, op)} computes "

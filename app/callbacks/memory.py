@@ -14,6 +14,7 @@ from app.arena import arena_figure
 from app.callbacks.common import blank, plan_of, shown, stamp
 from app.explain import link_text
 from app.readback import alive_at, fate_at, peak_step
+from app.reasons import peak_reason
 from app.state import Studio
 from core.errors import fmt_bytes
 from core.layout import arena
@@ -116,13 +117,13 @@ def peak_items(studio: Studio, plan_ref: dict | None, step: int | None) -> list:
     """The peak list's children at `step`: empty unless `step` is the peak of the plan on
     screen. Each storage says what it is at the peak (`fate_at`), not its op's fate over the
     whole program: an offloaded op's storage alive at the peak is on the device."""
-    plan, _ = plan_of(studio, plan_ref)
+    plan, problem = plan_of(studio, plan_ref)
     if plan is None or plan_ref is None or step is None or step != peak_step(plan.timeline):
         return []
     sim = plan.simulate()
     rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
     here = [{**r, "fate": fate_at(sim, r["value"], r["fate"], step)} for r in alive_at(rows, step)]
-    return peak_list(here)
+    return [html.P(peak_reason(problem, plan), className="peak-why"), *peak_list(here)]
 
 
 def peak_list(rows: list[dict]) -> list:
