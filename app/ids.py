@@ -4,6 +4,7 @@
 MODEL = "model"
 COSTS = "costs"
 DEVICE = "device"
+DEVICE_NOTE = "device-note"  # why the device menu is off (costs measured here)
 METHOD = "method"
 OFFLOAD = "offload-switch"  # dcc.Checklist: ["on"] re-solves with the Studio's offload method
 BUDGET = "budget"  # dcc.Slider, % of the store-all peak

@@ -13,18 +13,11 @@ from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
 from app.state import DEVICES, METHOD_LABELS
-from core.errors import fmt_bytes
+from app.words import GLOSSARY
 from core.footprint import OPTIMIZER
 
 TICK_MS = 250  # play's tick; SPEEDS are steps per tick
 SPEEDS = (1, 5, 25, 100)
-COST_WORDS = {
-    "cpu": "a CPU",
-    "a100": "an A100",
-    "h100": "an H100",
-    "v100": "a V100",
-    "rtx4090": "an RTX 4090",
-}
 
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")
@@ -154,7 +147,11 @@ def _controls(models, model, method, methods):
                 className="control",
             ),
             html.Label(
-                ["device", dcc.Dropdown(list(DEVICES), "cpu", id=ids.DEVICE, clearable=False)],
+                [
+                    "device",
+                    dcc.Dropdown(list(DEVICES), "cpu", id=ids.DEVICE, clearable=False),
+                    html.Span(id=ids.DEVICE_NOTE, className="hint"),
+                ],
                 className="control",
             ),
             html.Label(
@@ -181,47 +178,6 @@ def _controls(models, model, method, methods):
             ),
         ],
     )
-
-
-GLOSSARY = (
-    (
-        "activation",
-        "an op's output that the backward reads: a matmul's weight gradient needs its input, "
-        "so that input stays alive from the forward until its backward runs.",
-    ),
-    (
-        "temporaries",
-        "values an op needs only briefly (the forward's short-lived results, the backward's "
-        "intermediate gradients): they add on top of the activations, most at the start of "
-        "the backward, which is why the peak sits there.",
-    ),
-    (
-        "checkpoint",
-        "a value kept through the forward so the ops after it can be run again from it; "
-        "torch.utils.checkpoint keeps only each wrapped module's input.",
-    ),
-    (
-        "block",
-        "a run of forward ops between two values that separate the graph (usually one "
-        "layer), with their backward ops; identical blocks are solved once.",
-    ),
-    (
-        "budget",
-        "the most memory the step may hold at once beyond parameters and inputs: "
-        "activations, temporaries and the gradients it produces. 100% is plain PyTorch's peak.",
-    ),
-    (
-        "recompute",
-        "running a forward op again in the backward because its result was freed to save "
-        "memory: the plan pays the op's time to avoid keeping its bytes.",
-    ),
-    (
-        "offload",
-        "copying an activation to host memory after its last forward use and back before "
-        "the backward reads it: the copies run beside compute, so they cost time only when "
-        "a copy back arrives late.",
-    ),
-)
 
 
 def _glossary() -> html.Details:
@@ -472,50 +428,3 @@ def _export_card():
         html.Button("download plan.pkl", id=ids.EXPORT, className="primary"),
         html.Pre(html.Code(EXPORT_CODE), id=ids.EXPORT_CODE),
     ]
-
-
-def intro(name: str, description: str, numbers: dict) -> list:
-    """The teaching introduction, with this model's own numbers."""
-    sa_peak, sa_time = numbers["store_all_peak"], numbers["store_all_time"]
-    parts = [
-        html.P(
-            [
-                "Training keeps every activation of the forward pass alive until the backward "
-                "pass uses it. For ",
-                html.B(name),
-                f" ({description}) that is a peak of {fmt_bytes(sa_peak)} beyond parameters "
-                f"and inputs, for a step of {_fmt_time(sa_time)} "
-                f"({cost_words(numbers['cost_model'])}).",
-            ]
-        )
-    ]
-    if numbers.get("ckpt_peak"):
-        saved = 100 * (1 - numbers["ckpt_peak"] / sa_peak)
-        extra = 100 * (numbers["ckpt_time"] / sa_time - 1)
-        parts.append(
-            html.P(
-                "Rematerialization frees some activations after the forward and recomputes them "
-                "when the backward needs them: memory for time. Checkpointing every one of its "
-                f"{numbers['n_blocks']} blocks (keeping only each block's input) brings the peak "
-                f"to {fmt_bytes(numbers['ckpt_peak'])} ({saved:.0f}% less) for {extra:.0f}% more "
-                "time. A solver picks what to keep inside each block and finds cheaper plans "
-                "for any budget: move the slider."
-            )
-        )
-    return parts
-
-
-def cost_words(cost_model: str) -> str:
-    """The cost model in words: "estimated:cpu" -> "op times estimated for a CPU"."""
-    kind, _, device = cost_model.partition(":")
-    if kind == "measured":
-        return "op times measured on this machine"
-    return f"op times estimated for {COST_WORDS.get(device, device)}"
-
-
-def _fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} µs"

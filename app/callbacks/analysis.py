@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from dash import Dash, Input, Output, State, no_update, set_props
+from dash import Dash, Input, Output, State, html, no_update, set_props
 from dash.exceptions import PreventUpdate
 
 import core
@@ -14,9 +14,9 @@ from app import figures, ids
 from app.cache import Cancelled
 from app.callbacks.common import context_sig, fmt, plain_error, stamp
 from app.explain import link_text
-from app.layout import intro
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, Studio
+from app.words import intro
 from core.naming import block_title, op_name
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,8 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "low": lo,
         "marks": {lo: f"{lo:g}%", 100: "100%"},
         "budget": value,
-        "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"]),
+        "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"])
+        + little_to_show(lo),
         "graph": figures.graph_elements(
             problem.blocks,
             graph.ops,
@@ -143,6 +144,23 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
         "note": tradeoff_note(context, link_text(problem)),
     }
+
+
+LITTLE = 90.0  # a smallest budget this close to 100% leaves nothing to teach
+
+
+def little_to_show(lo: float) -> list:
+    """A warning for models where no plan goes much below plain PyTorch's peak."""
+    if lo < LITTLE:
+        return []
+    return [
+        html.P(
+            f"Little to show on this model: no plan goes below {lo:g}% of plain PyTorch's "
+            "peak (its gradients and temporaries, not its activations, set the peak). "
+            "Try gpt-tiny or vit-tiny to see the trade-off.",
+            className="message warn little",
+        )
+    ]
 
 
 def analyse(

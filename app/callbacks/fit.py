@@ -8,8 +8,8 @@ from dash import Dash, Input, Output
 from app import ids
 from app.callbacks.memory import plan_view
 from app.figures.fit import fit_figure
-from app.layout import COST_WORDS
 from app.state import Studio
+from app.words import COST_WORDS
 from core.footprint import footprint
 
 

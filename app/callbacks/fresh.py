@@ -54,6 +54,13 @@ def register(app: Dash, studio: object) -> None:
         State(ids.PLAN, "data"),
         prevent_initial_call=True,
     )
+    app.clientside_callback(  # measured here: the device menu does not apply
+        """function (costs) { return [costs === "measured",
+            costs === "measured" ? "op times are measured on this machine" : ""]; }""",
+        Output(ids.DEVICE, "disabled"),
+        Output(ids.DEVICE_NOTE, "children"),
+        Input(ids.COSTS, "value"),
+    )
     app.clientside_callback(  # the transfer lane only when offloading is on
         "function (on) { return !(on && on.length); }",
         Output(ids.TRANSFER_LANE, "hidden"),

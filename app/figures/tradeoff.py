@@ -69,7 +69,7 @@ def _curve(method: str, points: Sequence[tuple[float, float]], label: str, curre
             "dash": "dash" if method in OFFLOAD_CURVES else "solid",
         },
         "marker": {"size": 9 if current else 6, "color": method_color(method)},
-        "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>" + label + "</extra>",
+        "hovertemplate": "budget %{x:.1f}%<br>extra time %{y:.1f}%<extra>" + label + "</extra>",
         "meta": method,
     }
 
