@@ -79,3 +79,15 @@ JUMP_RECOMPUTE = "jump-recompute"
 JUMP_TRANSFER = "jump-transfer"  # to the next offload or prefetch
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"
+
+# the lesson path (app.lesson)
+LESSON = "lesson"  # store: the step shown, or None
+LESSON_PENDING = "lesson-pending"  # store: the budget a step set, for the analysis to come
+LESSON_VIEW = "lesson-view"  # store: the view the step scrolled to
+LESSON_START = "lesson-start"
+LESSON_BACK = "lesson-back"
+LESSON_NEXT = "lesson-next"
+LESSON_REVEAL = "lesson-reveal"
+LESSON_TITLE = "lesson-title"
+LESSON_QUESTION = "lesson-question"
+LESSON_ANSWER = "lesson-answer"

@@ -54,6 +54,7 @@ def build_layout(
             _busy_bar(),
             html.Div(id=ids.CANCEL_NOTE, className="message warn", role="status", hidden=True),
             html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
+            _lesson(),
             html.Details(
                 open=True,
                 className="card intro",
@@ -83,6 +84,9 @@ def build_layout(
                 ],
             ),
             dcc.Store(id=ids.CONTEXT),
+            dcc.Store(id=ids.LESSON),
+            dcc.Store(id=ids.LESSON_PENDING),
+            dcc.Store(id=ids.LESSON_VIEW),
             dcc.Store(id=ids.PLAN),
             dcc.Store(id=ids.STEP),
             dcc.Store(id=ids.MEASURED),
@@ -114,6 +118,29 @@ def _busy_bar() -> html.Div:
                 className="small",
                 title="stop, and put the controls back to what the page shows",
             ),
+        ],
+    )
+
+
+def _lesson() -> html.Details:
+    """The lesson path's card: a step's title and question, back/next, reveal."""
+    return html.Details(
+        open=True,
+        className="card lesson",
+        children=[
+            html.Summary("Lesson: from plain PyTorch to the floor, in five steps"),
+            html.Div(
+                className="lesson-bar",
+                children=[
+                    html.Button("start the lesson", id=ids.LESSON_START, className="primary"),
+                    html.Button("◀ back", id=ids.LESSON_BACK, disabled=True),
+                    html.Button("next ▶", id=ids.LESSON_NEXT, disabled=True),
+                    html.B(id=ids.LESSON_TITLE),
+                ],
+            ),
+            html.P(id=ids.LESSON_QUESTION, className="lesson-question"),
+            html.Button("reveal the answer", id=ids.LESSON_REVEAL, className="small"),
+            html.P(id=ids.LESSON_ANSWER, className="lesson-answer", hidden=True),
         ],
     )
 

@@ -15,6 +15,7 @@ from app.callbacks import (
     fit,
     fresh,
     graph,
+    lesson,
     measured,
     memory,
     step_through,
@@ -27,5 +28,16 @@ __all__ = ["plain_error", "register"]
 
 def register(app: Dash, studio: Studio) -> None:
     """Every callback of the page, by concern."""
-    for group in (analysis, budget, graph, memory, measured, step_through, export, fresh, fit):
+    for group in (
+        analysis,
+        budget,
+        graph,
+        memory,
+        measured,
+        step_through,
+        export,
+        fresh,
+        fit,
+        lesson,
+    ):
         group.register(app, studio)

@@ -34,6 +34,7 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.OFFLOAD, "value"),
         State(ids.BUDGET, "value"),
         State(ids.CONTEXT, "data"),
+        State(ids.LESSON_PENDING, "data"),
         background=True,
         # the busy bar itself is the page's watcher's (assets/app.js): it shows while any
         # view differs from the controls, which covers this job and the drawing after it
@@ -42,13 +43,18 @@ def register(app: Dash, studio: Studio) -> None:
         cancel=[Input(ids.CANCEL, "n_clicks")],
         interval=250,
     )
-    def prepare(set_progress, model, costs, device, method, offload, value, shown):
+    def prepare(set_progress, model, costs, device, method, offload, value, shown, lesson):
         """Analyse the model (trace, costs, blocks), the method's and the baselines'
         trade-offs and the plan at the budget to show, in the background; with the offload
         switch on, the remat+offload curve too. Everything the page draws next is cached."""
         keep = value if shown and shown.get("model") == model else None
+        sig = context_sig(model, costs, device, method, bool(offload))
+        # a lesson step's budget, for the analysis it set up
+        set_to = float(lesson["pct"]) if lesson and lesson.get("for") == sig else None
         try:
-            return analyse(studio, set_progress, model, costs, device, method, bool(offload), keep)
+            return analyse(
+                studio, set_progress, model, costs, device, method, bool(offload), keep, set_to
+            )
         except Cancelled:
             raise PreventUpdate from None
         except Exception as err:  # shown in the page; the app stays up
@@ -172,9 +178,11 @@ def analyse(
     method: str,
     offload: bool,
     value: float | None = None,
+    set_to: float | None = None,
 ) -> dict:
     """The CONTEXT store's data: the analysed problem's key, the methods on offer, the
-    budget limits, the budget to show (`value` when in range) and the intro's numbers; every
+    budget limits, the budget to show (`set_to` clamped to the range, else `value` when in
+    range) and the intro's numbers; every
     curve and the plan drawn next computed here, under the progress bar."""
     key = studio.key(model, costs, device)
 
@@ -196,7 +204,7 @@ def analyse(
         minimum = min([minimum, *(p.budget for p in curve)])
     peak = problem.store_all_peak
     lo = slider_minimum(minimum, peak)
-    start = start_value(lo, value)
+    start = start_value(lo, value) if set_to is None else max(lo, min(100.0, set_to))
     set_progress(["97", f"{model}: solving at {start:g}% of the store-all peak…"])
     try:  # warm the plan `solve` draws first; an impossible budget is its to explain
         studio.plan(key, offload_method or method, int(start / 100 * peak))
