@@ -247,7 +247,7 @@ def _budget_row():
                                 id=ids.BUDGET,
                                 marks=None,
                                 allow_direct_input=False,
-                                tooltip={"placement": "bottom", "always_visible": False},
+                                tooltip={"placement": "top", "always_visible": False},  # under it: over the marks
                                 className="slider",
                             ),
                             html.Label(

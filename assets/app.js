@@ -1,3 +1,16 @@
+// dash-cytoscape always passes its default wheelSensitivity (1, cytoscape's own default), and
+// cytoscape warns whenever the option is given at all: that one message, on every page load,
+// says nothing about this app, so it is dropped; every other warning passes through.
+(function () {
+  const warn = console.warn.bind(console);
+  console.warn = function (...args) {
+    if (typeof args[0] === "string" && args[0].startsWith("You have set a custom wheel sensitivity")) {
+      return;
+    }
+    warn(...args);
+  };
+})();
+
 // Clientside callbacks (no round trip to the server).
 window.dash_clientside = Object.assign({}, window.dash_clientside, {
   remat: {

@@ -72,7 +72,16 @@ def open_page(page, url, width: int, height: int) -> None:
 
 
 def test_step_text_marker_and_graph_highlight_share_the_screen_at_1400x1000(page, url):
+    warnings = []
+    page.on("console", lambda m: warnings.append(m.text) if m.type == "warning" else None)
     open_page(page, url, 1400, 1000)
+    assert not [w for w in warnings if "wheel sensitivity" in w], warnings
+    rows = page.evaluate(
+        "(id) => [...document.getElementById(id).parentElement.querySelectorAll(':scope > button')]"
+        ".map(b => { const r = b.getBoundingClientRect(); return [r.top, r.bottom]; })",
+        ids.STEP_RESET,
+    )
+    assert max(t for t, _ in rows) < min(b for _, b in rows), rows  # one row: no wrapping
     page.locator(f"#{ids.GRAPH_CARD}").evaluate("(e) => e.scrollIntoView({block: 'start'})")
     for _ in range(4):
         page.click(f"#{ids.STEP_NEXT}")
@@ -110,3 +119,5 @@ def test_no_legend_covers_an_axis_title_at_1000x700(page, url):
         if b["kind"] == "title" and b["id"] == a["id"] and overlap(a, b)
     ]
     assert not hits, hits
+    code = page.locator(f"#{ids.EXPORT_CODE}")
+    assert code.evaluate("(e) => e.scrollWidth <= e.clientWidth")  # the export code not clipped
