@@ -91,3 +91,10 @@ LESSON_REVEAL = "lesson-reveal"
 LESSON_TITLE = "lesson-title"
 LESSON_QUESTION = "lesson-question"
 LESSON_ANSWER = "lesson-answer"
+
+# compare: the plan on screen (A) beside another method or budget (B)
+COMPARE_METHOD = "compare-method"
+COMPARE_BUDGET = "compare-budget"  # % of the store-all peak
+COMPARE_A = "compare-a"
+COMPARE_B = "compare-b"
+COMPARE_DIFF = "compare-diff"

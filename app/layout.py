@@ -12,6 +12,7 @@ from app import ids
 from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
+from app.panels import compare_card, lesson_card
 from app.state import DEVICES, METHOD_LABELS
 from app.words import GLOSSARY
 from core.footprint import OPTIMIZER
@@ -54,7 +55,7 @@ def build_layout(
             _busy_bar(),
             html.Div(id=ids.CANCEL_NOTE, className="message warn", role="status", hidden=True),
             html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
-            _lesson(),
+            lesson_card(),
             html.Details(
                 open=True,
                 className="card intro",
@@ -83,6 +84,7 @@ def build_layout(
                     html.Div(className="card", children=_export_card()),
                 ],
             ),
+            html.Div(className="card", children=compare_card()),
             dcc.Store(id=ids.CONTEXT),
             dcc.Store(id=ids.LESSON),
             dcc.Store(id=ids.LESSON_PENDING),
@@ -118,29 +120,6 @@ def _busy_bar() -> html.Div:
                 className="small",
                 title="stop, and put the controls back to what the page shows",
             ),
-        ],
-    )
-
-
-def _lesson() -> html.Details:
-    """The lesson path's card: a step's title and question, back/next, reveal."""
-    return html.Details(
-        open=True,
-        className="card lesson",
-        children=[
-            html.Summary("Lesson: from plain PyTorch to the floor, in five steps"),
-            html.Div(
-                className="lesson-bar",
-                children=[
-                    html.Button("start the lesson", id=ids.LESSON_START, className="primary"),
-                    html.Button("◀ back", id=ids.LESSON_BACK, disabled=True),
-                    html.Button("next ▶", id=ids.LESSON_NEXT, disabled=True),
-                    html.B(id=ids.LESSON_TITLE),
-                ],
-            ),
-            html.P(id=ids.LESSON_QUESTION, className="lesson-question"),
-            html.Button("reveal the answer", id=ids.LESSON_REVEAL, className="small"),
-            html.P(id=ids.LESSON_ANSWER, className="lesson-answer", hidden=True),
         ],
     )
 
@@ -247,7 +226,10 @@ def _budget_row():
                                 id=ids.BUDGET,
                                 marks=None,
                                 allow_direct_input=False,
-                                tooltip={"placement": "top", "always_visible": False},  # under it: over the marks
+                                tooltip={
+                                    "placement": "top",
+                                    "always_visible": False,
+                                },  # under it: over the marks
                                 className="slider",
                             ),
                             html.Label(

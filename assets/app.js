@@ -74,7 +74,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
   const NAMES = {intro: "the introduction", "graph-card": "the block graph",
     numbers: "the numbers", "step-why": "the step", tradeoff: "the trade-off curves",
     timeline: "the timeline", tensors: "the tensor view", arena: "the arena",
-    transfers: "the transfer lane", fit: "the footprint"};
+    transfers: "the transfer lane", fit: "the footprint",
+    "compare-a": "plan A", "compare-b": "plan B"};
   function check() {
     const want = controls();
     if (!want) { return; }

@@ -79,3 +79,37 @@ def test_the_lesson_runs_end_to_end(page, url):
     assert page.locator(f"#{ids.LESSON_NEXT}").is_disabled()
     page.click(f"#{ids.LESSON_BACK}")
     settled(page, STEPS[3][0], STEPS[3][1], True)
+
+
+def test_the_compare_view_puts_two_plans_side_by_side(page, url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(url)
+    wait_ready(page, "gpt-tiny", 120_000)
+    page.wait_for_function("() => !document.body.hasAttribute('data-busy')", timeout=120_000)
+    diff = page.locator(f"#{ids.COMPARE_DIFF}")
+    # B defaults to checkpointing every block at 100%: A (the solver's plan) differs
+    page.wait_for_function(
+        "(id) => document.getElementById(id).textContent.includes('Peak: A')", arg=ids.COMPARE_DIFF
+    )
+    assert "Only A recomputes" in diff.inner_text() and "Only B recomputes" in diff.inner_text()
+    box = page.locator(f"#{ids.COMPARE_BUDGET}")
+    box.fill("60")
+    box.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#compare-b .js-plotly-plot').layout.title.text"
+        ".endsWith('at 60%')"
+    )
+    titles = page.evaluate(
+        "() => ['compare-a', 'compare-b'].map(id => "
+        "document.querySelector(`#${id} .js-plotly-plot`).layout)"
+    )
+    assert titles[0]["title"]["text"].startswith("A · Rockmate")
+    assert titles[1]["title"]["text"] == "B · Checkpoint every block at 60%"
+    assert titles[0]["yaxis"]["range"] == titles[1]["yaxis"]["range"]  # one scale
+    texts = diff.inner_text()
+    assert "Extra time: A " in texts and ", B " in texts
+    page.locator(f"#{ids.COMPARE_A}").scroll_into_view_if_needed()
+    page.locator(f"#{ids.COMPARE_A}").locator(
+        "xpath=ancestor::div[contains(@class, 'card')][1]"
+    ).screenshot(path=str(SHOTS / "compare.png"))

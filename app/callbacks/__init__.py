@@ -11,6 +11,7 @@ from dash import Dash
 from app.callbacks import (
     analysis,
     budget,
+    compare,
     export,
     fit,
     fresh,
@@ -39,5 +40,6 @@ def register(app: Dash, studio: Studio) -> None:
         fresh,
         fit,
         lesson,
+        compare,
     ):
         group.register(app, studio)
