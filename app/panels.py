@@ -35,7 +35,12 @@ def lesson_card() -> html.Details:
                 ],
             ),
             html.P(id=ids.LESSON_QUESTION, className="lesson-question"),
-            html.Button("reveal the answer", id=ids.LESSON_REVEAL, className="small"),
+            html.Button(
+                "reveal the answer",
+                id=ids.LESSON_REVEAL,
+                className="small",
+                disabled=True,  # until a step asks its question
+            ),
             html.P(id=ids.LESSON_ANSWER, className="lesson-answer", hidden=True),
         ],
     )

@@ -53,6 +53,7 @@ def test_the_lesson_runs_end_to_end(page, url):
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
     wait_ready(page, "gpt-tiny", 120_000)
+    assert page.locator(f"#{ids.LESSON_REVEAL}").is_disabled()  # no question yet
     page.click(f"#{ids.LESSON_START}")
     budgets = []
     for n, (title, method, offload, said) in enumerate(STEPS):

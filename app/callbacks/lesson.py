@@ -36,6 +36,7 @@ def register(app: Dash, studio: Studio) -> None:
             "hidden": Output(ids.LESSON_ANSWER, "hidden"),
             "back": Output(ids.LESSON_BACK, "disabled"),
             "next": Output(ids.LESSON_NEXT, "disabled"),
+            "reveal": Output(ids.LESSON_REVEAL, "disabled"),
         },
         inputs=[
             Input(ids.LESSON_START, "n_clicks"),
@@ -74,6 +75,7 @@ def register(app: Dash, studio: Studio) -> None:
             "hidden": True,
             "back": n == 0,
             "next": n == len(STEPS) - 1,
+            "reveal": False,
         }
 
     @app.callback(
