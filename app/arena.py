@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.figures.axes import pick_unit
+from app.figures.axes import legend_below, pick_unit
 from app.figures.palette import (
     ARENA_COLOR,
     BACKGROUND,
@@ -69,13 +69,13 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
         "layout": {
             "barmode": "overlay",
             "height": 420,
-            "margin": {"l": 60, "r": 10, "t": 36, "b": 90},
+            "margin": {"l": 60, "r": 10, "t": 36, "b": 110},
             "title": {
                 "text": f"arena {fmt_bytes(layout.size)}: {layout.fragmentation:.2f}x the live peak"
             },
             "xaxis": {"title": {"text": "program step"}, "showgrid": False},
             "yaxis": {"title": {"text": f"address ({unit})"}, "rangemode": "tozero"},
-            "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+            "legend": legend_below(),
             "shapes": shapes,
             "plot_bgcolor": BACKGROUND,
             "meta": {"unit": unit, "size": scale, "steps": steps},

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.readback import Band, fate_of_ops, peak_step
+from app.reasons import comparison
 from core.costs import DEVICES as DEVICE_SPECS
 from core.errors import fmt_bytes
+from core.naming import op_name
 from core.simulator import OFFLOAD, PREFETCH, RUN
 
 FATE_TEXT = {
@@ -72,7 +74,7 @@ def tensor_rows(problem: Any, plan: Any, bands: list[Band]) -> list[dict]:
         fate = fate_of.get(op.index)
         lines = [
             line(Span(value.name, strong=True), f" · {value.kind} · {fmt_bytes(value.nbytes)}"),
-            line(f"made by {op.name} ({op.label}) in {where}"),
+            line(f"made by {op_name(graph, op.index).words} ({op.label}, {op.name}) in {where}"),
             *([line(node.source)] if node.source else []),
             *([line(FATE_TEXT[fate])] if fate else []),
             line(f"alive at steps {b.start + 1}–{b.end}"),
@@ -84,6 +86,7 @@ def tensor_rows(problem: Any, plan: Any, bands: list[Band]) -> list[dict]:
                 "nbytes": value.nbytes,
                 "value": b.value,
                 "name": value.name,
+                "words": op_name(graph, op.index).words,
                 "kind": value.kind,
                 "fate": fate or value.kind,
                 "text": Note(tuple(lines)),
@@ -155,18 +158,20 @@ def _run_reason(problem: Any, plan: Any, i: int) -> tuple[list[int], str]:
     price = f"{_ms(op.time)} for {_bytes(op, graph)}"
     if step.recompute:
         why = (
-            f"Recompute {op.label} ({op.name}) of {block}: "
+            f"Recompute {_said(graph, op)} of {block}: "
             f"{consumer or 'the backward'} reads it next. It was freed in the forward to "
-            f"save memory; running it again costs {price}."
-        )
+            f"save memory; running it again costs {price}. "
+            + comparison(problem, plan, target, step.block)
+        ).strip()
     elif i < plan.backward_start:
         why = (
-            f"Forward of {block}: {op.label} ({op.name}) allocates "
-            f"{_bytes(op, graph)}; {_forward_fate(plan, graph, target, consumer, price)}."
-        )
+            f"Forward of {block}: {_said(graph, op)} allocates "
+            f"{_bytes(op, graph)}; {_forward_fate(plan, graph, target, consumer, price)}. "
+            + comparison(problem, plan, target, step.block)
+        ).strip()
     else:
         why = (
-            f"Backward of {block}: {op.label} ({op.name}) computes "
+            f"Backward of {block}: {_said(graph, op)} computes "
             f"gradients from the activations it reads (highlighted)."
         )
     return running, why
@@ -241,7 +246,7 @@ def transfer_reason(problem: Any, plan: Any, i: int) -> str:
     producer = graph.ops[value.producer] if value.producer is not None else None
     if producer is not None and producer.phase == "forward":
         why = (
-            f"Why offload rather than recompute: running {producer.label} ({producer.name}) "
+            f"Why offload rather than recompute: running {_said(graph, producer)} "
             f"again would add {_ms(producer.time)} to the compute lane, while the copies out "
             f"and back take {_ms(out_s + in_s)} on the transfer lane, beside compute"
         )
@@ -307,7 +312,12 @@ def _backward_reader(graph: Any, op: Any) -> str | None:
     readers = [
         c for v in op.outputs for c in graph.values[v].consumers if graph.ops[c].phase == "backward"
     ]
-    return graph.ops[min(readers)].name if readers else None
+    return op_name(graph, min(readers)).words if readers else None
+
+
+def _said(graph: Any, op: Any) -> str:
+    """An op as the step text names it: module and kind, then ATen op and trace name."""
+    return f"{op_name(graph, op.index).words} ({op.label}, {op.name})"
 
 
 def _ms(seconds: float) -> str:

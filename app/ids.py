@@ -4,12 +4,14 @@
 MODEL = "model"
 COSTS = "costs"
 DEVICE = "device"
+DEVICE_NOTE = "device-note"  # why the device menu is off (costs measured here)
 METHOD = "method"
 OFFLOAD = "offload-switch"  # dcc.Checklist: ["on"] re-solves with the Studio's offload method
 BUDGET = "budget"  # dcc.Slider, % of the store-all peak
 BUDGET_BYTES = "budget-bytes"
 BUDGET_INPUT = "budget-input"  # typed budget (% of the store-all peak), commits on Enter or blur
 BUDGET_MESSAGE = "budget-message"  # why a typed budget was refused, with the minimum
+NUMBERS = "numbers"  # the budget card: its data-for is the plan its numbers are for
 BUDGET_HINT = "budget-hint"  # what sets this model's peak (e.g. parameter gradients)
 
 # background work
@@ -17,6 +19,7 @@ PROGRESS = "progress"
 PROGRESS_BAR = "progress-bar"
 PROGRESS_TEXT = "progress-text"
 CANCEL = "cancel"
+CANCEL_NOTE = "cancel-note"  # after cancel: the controls went back to what the page shows
 
 # stores
 CONTEXT = "context"  # the analysed problem and method the page shows: key, minimum budget
@@ -38,6 +41,7 @@ HOST = "num-host"  # bytes parked in host memory at once (offloading plans)
 # views
 INTRO = "intro"
 GRAPH = "graph"
+GRAPH_CARD = "graph-card"  # wraps the graph: its data-for is the analysis it shows
 GRAPH_LEGEND = "graph-legend"
 GRAPH_HOVER = "graph-hover"  # the op under the mouse in the block graph
 BLOCK_PANEL = "block-panel"
@@ -47,12 +51,16 @@ ARENA = "arena"  # the address-by-time view: each storage at its offset in one a
 PEAK_LIST = "peak-list"  # what is alive at the step, largest first (at the peak)
 TRADEOFF = "tradeoff"
 TRADEOFF_NOTE = "tradeoff-note"  # what the dashed curve is, or that it is being computed
+TRANSFER_LANE = "transfer-lane"  # the lane's section, shown only with offloading on
 TRANSFERS = "transfers"  # the transfer lane: copies and stalls on a time axis
 
 # measure here: the plan's real step on this machine, over the prediction
 MEASURE = "measure"
 MEASURED = "measured"  # store: the plan measured and its live bytes per step
 MEASURE_TEXT = "measure-text"
+
+# will it fit: the whole training footprint against the device's memory
+FIT = "fit"
 
 # export
 EXPORT = "export"
@@ -71,3 +79,22 @@ JUMP_RECOMPUTE = "jump-recompute"
 JUMP_TRANSFER = "jump-transfer"  # to the next offload or prefetch
 STEP_TEXT = "step-text"
 STEP_WHY = "step-why"
+
+# the lesson path (app.lesson)
+LESSON = "lesson"  # store: the step shown, or None
+LESSON_PENDING = "lesson-pending"  # store: the budget a step set, for the analysis to come
+LESSON_VIEW = "lesson-view"  # store: the view the step scrolled to
+LESSON_START = "lesson-start"
+LESSON_BACK = "lesson-back"
+LESSON_NEXT = "lesson-next"
+LESSON_REVEAL = "lesson-reveal"
+LESSON_TITLE = "lesson-title"
+LESSON_QUESTION = "lesson-question"
+LESSON_ANSWER = "lesson-answer"
+
+# compare: the plan on screen (A) beside another method or budget (B)
+COMPARE_METHOD = "compare-method"
+COMPARE_BUDGET = "compare-budget"  # % of the store-all peak
+COMPARE_A = "compare-a"
+COMPARE_B = "compare-b"
+COMPARE_DIFF = "compare-diff"

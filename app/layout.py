@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import dash_cytoscape as cyto
 from dash import dcc, html
 
@@ -9,18 +12,13 @@ from app import ids
 from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
+from app.panels import compare_card, lesson_card
 from app.state import DEVICES, METHOD_LABELS
-from core.errors import fmt_bytes
+from app.words import GLOSSARY
+from core.footprint import OPTIMIZER
 
 TICK_MS = 250  # play's tick; SPEEDS are steps per tick
 SPEEDS = (1, 5, 25, 100)
-COST_WORDS = {
-    "cpu": "a CPU",
-    "a100": "an A100",
-    "h100": "an H100",
-    "v100": "a V100",
-    "rtx4090": "an RTX 4090",
-}
 
 EXPORT_CODE = """import core
 plan = core.load_plan("plan.pkl")
@@ -54,23 +52,18 @@ def build_layout(
                 hidden=not startup_error,
             ),
             _controls(models, model, method, methods),
-            html.Div(
-                id=ids.PROGRESS,
-                className="progress",
-                style={"display": "none"},
-                children=[
-                    html.Progress(id=ids.PROGRESS_BAR, max="100", value="0"),
-                    html.Span(id=ids.PROGRESS_TEXT),
-                    html.Button("cancel", id=ids.CANCEL, className="small"),
-                ],
-            ),
+            _busy_bar(),
+            html.Div(id=ids.CANCEL_NOTE, className="message warn", role="status", hidden=True),
             html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
+            lesson_card(),
             html.Details(
                 open=True,
                 className="card intro",
                 children=[
                     html.Summary("What is rematerialization?"),
-                    html.Div(id=ids.INTRO, children="Analysing the model…"),
+                    html.Div(
+                        id=ids.INTRO, className="view", children="Analysing the model…", **fresh()
+                    ),
                 ],
             ),
             _glossary(),
@@ -78,7 +71,9 @@ def build_layout(
             html.Div(
                 className="grid",
                 children=[
-                    html.Div(className="card", children=_graph_card()),
+                    html.Div(
+                        className="card view", id=ids.GRAPH_CARD, children=_graph_card(), **fresh()
+                    ),
                     html.Div(className="card", children=_timeline_card()),
                 ],
             ),
@@ -89,7 +84,11 @@ def build_layout(
                     html.Div(className="card", children=_export_card()),
                 ],
             ),
+            html.Div(className="card", children=compare_card()),
             dcc.Store(id=ids.CONTEXT),
+            dcc.Store(id=ids.LESSON),
+            dcc.Store(id=ids.LESSON_PENDING),
+            dcc.Store(id=ids.LESSON_VIEW),
             dcc.Store(id=ids.PLAN),
             dcc.Store(id=ids.STEP),
             dcc.Store(id=ids.MEASURED),
@@ -99,9 +98,40 @@ def build_layout(
     )
 
 
+def fresh() -> dict[str, Any]:
+    """A view's `data-for` before anything is drawn: for no controls, so the page is busy."""
+    return {"data-for": ""}
+
+
+def _busy_bar() -> html.Div:
+    """The one busy indicator: shown by the page's watcher (assets/app.js) while any view
+    differs from the controls; the background job fills its bar and words."""
+    return html.Div(
+        id=ids.PROGRESS,
+        className="progress",
+        role="status",
+        children=[
+            html.Progress(id=ids.PROGRESS_BAR, max="100", value="0"),
+            html.Span(id=ids.PROGRESS_TEXT),
+            html.Span(className="busy-what"),
+            html.Button(
+                "cancel",
+                id=ids.CANCEL,
+                className="small",
+                title="stop, and put the controls back to what the page shows",
+            ),
+        ],
+    )
+
+
 def _controls(models, model, method, methods):
+    # the watcher reads the method menu's label: it needs each label's method
+    labels: dict[str, Any] = {
+        "data-method-labels": json.dumps({label: m for m, label in METHOD_LABELS.items()})
+    }
     return html.Div(
         className="controls card",
+        **labels,
         children=[
             html.Label(
                 ["model", dcc.Dropdown(models, model, id=ids.MODEL, clearable=False)],
@@ -123,7 +153,11 @@ def _controls(models, model, method, methods):
                 className="control",
             ),
             html.Label(
-                ["device", dcc.Dropdown(list(DEVICES), "cpu", id=ids.DEVICE, clearable=False)],
+                [
+                    "device",
+                    dcc.Dropdown(list(DEVICES), "cpu", id=ids.DEVICE, clearable=False),
+                    html.Span(id=ids.DEVICE_NOTE, className="hint"),
+                ],
                 className="control",
             ),
             html.Label(
@@ -152,47 +186,6 @@ def _controls(models, model, method, methods):
     )
 
 
-GLOSSARY = (
-    (
-        "activation",
-        "an op's output that the backward reads: a matmul's weight gradient needs its input, "
-        "so that input stays alive from the forward until its backward runs.",
-    ),
-    (
-        "temporaries",
-        "values an op needs only briefly (the forward's short-lived results, the backward's "
-        "intermediate gradients): they add on top of the activations, most at the start of "
-        "the backward, which is why the peak sits there.",
-    ),
-    (
-        "checkpoint",
-        "a value kept through the forward so the ops after it can be run again from it; "
-        "torch.utils.checkpoint keeps only each wrapped module's input.",
-    ),
-    (
-        "block",
-        "a run of forward ops between two values that separate the graph (usually one "
-        "layer), with their backward ops; identical blocks are solved once.",
-    ),
-    (
-        "budget",
-        "the most memory the step may hold at once beyond parameters and inputs: "
-        "activations, temporaries and the gradients it produces. 100% is plain PyTorch's peak.",
-    ),
-    (
-        "recompute",
-        "running a forward op again in the backward because its result was freed to save "
-        "memory: the plan pays the op's time to avoid keeping its bytes.",
-    ),
-    (
-        "offload",
-        "copying an activation to host memory after its last forward use and back before "
-        "the backward reads it: the copies run beside compute, so they cost time only when "
-        "a copy back arrives late.",
-    ),
-)
-
-
 def _glossary() -> html.Details:
     return html.Details(
         className="card intro glossary",
@@ -211,7 +204,9 @@ def _number(label: str, id_: str) -> html.Div:
 
 def _budget_row():
     return html.Div(
-        className="card budget",
+        id=ids.NUMBERS,
+        className="card budget view",
+        **fresh(),
         children=[
             html.Div(
                 className="budget-slider",
@@ -231,7 +226,10 @@ def _budget_row():
                                 id=ids.BUDGET,
                                 marks=None,
                                 allow_direct_input=False,
-                                tooltip={"placement": "bottom", "always_visible": False},
+                                tooltip={
+                                    "placement": "top",
+                                    "always_visible": False,
+                                },  # under it: over the marks
                                 className="slider",
                             ),
                             html.Label(
@@ -305,6 +303,7 @@ def _plot(id_: str, height: int) -> dcc.Graph:
     """An empty zoomable figure the callbacks fill (no lasso or box select: nothing to select)."""
     return dcc.Graph(
         id=id_,
+        className="view plot",  # its figure's layout.meta.for: the controls it was drawn for
         figure={"data": [], "layout": {"height": height}},
         config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
     )
@@ -313,15 +312,35 @@ def _plot(id_: str, height: int) -> dcc.Graph:
 def _timeline_card():
     return [
         html.H2("Memory timeline"),
-        _plot(ids.TIMELINE, 340),
-        html.H3("Transfer lane"),
-        html.P(
-            "With offloading on, copies to host memory and back run on a lane of their own "
-            "beside compute, at the host link's speed; a copy back that arrives late makes "
-            "compute wait (red).",
-            className="hint",
+        _plot(ids.TIMELINE, 360),
+        _stepper(),
+        html.Div(
+            [
+                html.Span(id=ids.STEP_TEXT, className="step-text"),
+                html.P(
+                    "Press play or step to walk through the program.",
+                    id=ids.STEP_WHY,
+                    className="why view",
+                    **fresh(),
+                ),
+            ],
+            className="step-box",
         ),
-        _plot(ids.TRANSFERS, 220),
+        html.Div(id=ids.PEAK_LIST, className="peak-list"),
+        html.Div(  # only with offloading on: the copies' own lane
+            id=ids.TRANSFER_LANE,
+            hidden=True,
+            children=[
+                html.H3("Transfer lane"),
+                html.P(
+                    "Copies to host memory and back run on a lane of their own beside "
+                    "compute, at the host link's speed; a copy back that arrives late makes "
+                    "compute wait (red).",
+                    className="hint",
+                ),
+                _plot(ids.TRANSFERS, 220),
+            ],
+        ),
         html.Div(
             className="stepper",
             children=[
@@ -334,41 +353,6 @@ def _timeline_card():
                 html.Span(id=ids.MEASURE_TEXT, className="step-text"),
             ],
         ),
-        html.Div(
-            className="stepper",
-            children=[
-                html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
-                html.Button("◀", id=ids.STEP_BACK, title="previous step"),
-                html.Button("▶ play", id=ids.PLAY, title="play / pause"),
-                html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
-                html.Label(
-                    [
-                        "speed ",
-                        dcc.Dropdown(
-                            [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
-                            1,
-                            id=ids.SPEED,
-                            clearable=False,
-                            searchable=False,
-                        ),
-                    ],
-                    className="speed",
-                ),
-                html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
-                html.Button(
-                    "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
-                ),
-                html.Button(
-                    "next copy",
-                    id=ids.JUMP_TRANSFER,
-                    disabled=True,  # until the plan on screen has copies
-                    title="jump to the next offload or prefetch (offloading plans)",
-                ),
-                html.Span(id=ids.STEP_TEXT, className="step-text"),
-            ],
-        ),
-        html.P("Press play or step to walk through the program.", id=ids.STEP_WHY, className="why"),
-        html.Div(id=ids.PEAK_LIST, className="peak-list"),
         html.H2("Each tensor alive over the program"),
         html.P(
             "Every storage the step allocates, as a band from the step that makes it to the "
@@ -389,12 +373,49 @@ def _timeline_card():
     ]
 
 
+def _stepper() -> html.Div:
+    """Step-through controls, right under the timeline their marker moves on."""
+    return html.Div(
+        className="stepper",
+        children=[
+            html.Button("|◀", id=ids.STEP_RESET, title="back to the start"),
+            html.Button("◀", id=ids.STEP_BACK, title="previous step"),
+            html.Button("▶ play", id=ids.PLAY, title="play / pause"),
+            html.Button("▶|", id=ids.STEP_NEXT, title="next step"),
+            html.Label(
+                [
+                    "speed ",
+                    dcc.Dropdown(
+                        [{"label": f"{n * 4} steps/s", "value": n} for n in SPEEDS],
+                        1,
+                        id=ids.SPEED,
+                        clearable=False,
+                        searchable=False,
+                    ),
+                ],
+                className="speed",
+            ),
+            html.Button("to the peak", id=ids.JUMP_PEAK, title="jump to the peak step"),
+            html.Button(
+                "next recompute", id=ids.JUMP_RECOMPUTE, title="jump to the next recomputed op"
+            ),
+            html.Button(
+                "next copy",
+                id=ids.JUMP_TRANSFER,
+                disabled=True,  # until the plan on screen has copies
+                title="jump to the next offload or prefetch (offloading plans)",
+            ),
+        ],
+    )
+
+
 def _tradeoff_card():
     return [
         html.H2("Trade-off: extra time against memory"),
         html.P("Click a point to set the budget.", className="hint"),
         dcc.Graph(
             id=ids.TRADEOFF,
+            className="view plot",
             figure={"data": [], "layout": {"height": 300}},
             config={"displaylogo": False, "displayModeBar": False},
         ),
@@ -404,55 +425,15 @@ def _tradeoff_card():
 
 def _export_card():
     return [
+        html.H2("Will it fit?"),
+        html.P(
+            "Training holds more than the step's budget: the parameters, the optimizer's state "
+            f"({OPTIMIZER}) and the batch. At the peak step, against the device's memory:",
+            className="hint",
+        ),
+        _plot(ids.FIT, 200),
         html.H2("Use this plan"),
         html.P("Download the plan on screen and apply it in your training script:"),
         html.Button("download plan.pkl", id=ids.EXPORT, className="primary"),
         html.Pre(html.Code(EXPORT_CODE), id=ids.EXPORT_CODE),
     ]
-
-
-def intro(name: str, description: str, numbers: dict) -> list:
-    """The teaching introduction, with this model's own numbers."""
-    sa_peak, sa_time = numbers["store_all_peak"], numbers["store_all_time"]
-    parts = [
-        html.P(
-            [
-                "Training keeps every activation of the forward pass alive until the backward "
-                "pass uses it. For ",
-                html.B(name),
-                f" ({description}) that is a peak of {fmt_bytes(sa_peak)} beyond parameters "
-                f"and inputs, for a step of {_fmt_time(sa_time)} "
-                f"({cost_words(numbers['cost_model'])}).",
-            ]
-        )
-    ]
-    if numbers.get("ckpt_peak"):
-        saved = 100 * (1 - numbers["ckpt_peak"] / sa_peak)
-        extra = 100 * (numbers["ckpt_time"] / sa_time - 1)
-        parts.append(
-            html.P(
-                "Rematerialization frees some activations after the forward and recomputes them "
-                "when the backward needs them: memory for time. Checkpointing every one of its "
-                f"{numbers['n_blocks']} blocks (keeping only each block's input) brings the peak "
-                f"to {fmt_bytes(numbers['ckpt_peak'])} ({saved:.0f}% less) for {extra:.0f}% more "
-                "time. A solver picks what to keep inside each block and finds cheaper plans "
-                "for any budget: move the slider."
-            )
-        )
-    return parts
-
-
-def cost_words(cost_model: str) -> str:
-    """The cost model in words: "estimated:cpu" -> "op times estimated for a CPU"."""
-    kind, _, device = cost_model.partition(":")
-    if kind == "measured":
-        return "op times measured on this machine"
-    return f"op times estimated for {COST_WORDS.get(device, device)}"
-
-
-def _fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} µs"

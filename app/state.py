@@ -163,11 +163,19 @@ class Studio:
             ("minimum", key, method), lambda: minimum_budget(self.problem(key), method)
         )
 
-    def tradeoff(self, key: str, method: str) -> list[Point]:
-        """Points (budget, predicted peak, overhead) of `method`, from `core.tradeoff`."""
+    def tradeoff(
+        self, key: str, method: str, progress: Callable[[float], None] | None = None
+    ) -> list[Point]:
+        """Points (budget, predicted peak, overhead) of `method`, from `core.tradeoff`
+        (cached; `progress(fraction)` before each solve, which may cancel)."""
 
         def make() -> list[Point]:
-            points = core.tradeoff(self.problem(key), method)
+            def step(fraction: float) -> None:
+                check_cancelled()
+                if progress:
+                    progress(fraction)
+
+            points = core.tradeoff(self.problem(key), method, progress=step)
             return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
 
         return self.derived.get_or_make(("tradeoff", key, method), make)

@@ -1,3 +1,16 @@
+// dash-cytoscape always passes its default wheelSensitivity (1, cytoscape's own default), and
+// cytoscape warns whenever the option is given at all: that one message, on every page load,
+// says nothing about this app, so it is dropped; every other warning passes through.
+(function () {
+  const warn = console.warn.bind(console);
+  console.warn = function (...args) {
+    if (typeof args[0] === "string" && args[0].startsWith("You have set a custom wheel sensitivity")) {
+      return;
+    }
+    warn(...args);
+  };
+})();
+
 // Clientside callbacks (no round trip to the server).
 window.dash_clientside = Object.assign({}, window.dash_clientside, {
   remat: {
@@ -26,3 +39,71 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     },
   },
 });
+
+// The page's freshness watcher. Every view carries the controls it was drawn for (a
+// `data-for` attribute, or a plotly figure's layout.meta.for): "model|device|method|offload",
+// plus "|budget%" for the views of one plan. Before every paint (each animation frame, and
+// at once on any change to the page) it compares them with the controls as shown, and while
+// any view differs it shows the one busy bar (body[data-busy]) and dims the views, so no
+// frame shows content under controls it was not drawn for.
+(function () {
+  const shown = (id) => {
+    const e = document.querySelector("#" + id + "-value .dash-dropdown-value-item");
+    return e ? e.textContent.trim() : "";
+  };
+  const checked = (sel) => { const e = document.querySelector(sel); return !!(e && e.checked); };
+  function controls() {
+    const box = document.querySelector(".controls");
+    if (!box) { return null; }
+    const labels = JSON.parse(box.dataset.methodLabels || "{}");
+    const method = shown("method");
+    const where = checked("#costs input[value=measured]") ? "here" : shown("device");
+    const ctx = [shown("model"), where, labels[method] || method,
+      checked("#offload-switch input[value=on]") ? "on" : "off"].join("|");
+    const slider = document.querySelector("#budget [role=slider]");
+    const now = slider && slider.getAttribute("aria-valuenow");
+    return {ctx: ctx, plan: ctx + "|" + (now === null || now === "" ? "" : String(Number(now)))};
+  }
+  function drawnFor(view) {
+    const gd = view.querySelector(".js-plotly-plot");
+    if (view.classList.contains("plot")) {
+      return gd && gd.layout && gd.layout.meta ? gd.layout.meta.for || "" : "";
+    }
+    return view.getAttribute("data-for") || "";
+  }
+  const NAMES = {intro: "the introduction", "graph-card": "the block graph",
+    numbers: "the numbers", "step-why": "the step", tradeoff: "the trade-off curves",
+    timeline: "the timeline", tensors: "the tensor view", arena: "the arena",
+    transfers: "the transfer lane", fit: "the footprint",
+    "compare-a": "plan A", "compare-b": "plan B"};
+  function check() {
+    const want = controls();
+    if (!want) { return; }
+    const error = document.getElementById("error");
+    const failed = !!(error && !error.hidden && error.getAttribute("data-for") === want.ctx);
+    const stale = [];
+    if (!failed) {
+      document.querySelectorAll(".view").forEach((v) => {
+        const got = drawnFor(v);
+        const expect = got.split("|").length === 5 ? want.plan : want.ctx;
+        if (got !== expect || got === "") { stale.push(NAMES[v.id] || v.id); }
+      });
+    }
+    const body = document.body;
+    const busy = stale.length > 0;
+    if (busy !== body.hasAttribute("data-busy")) { body.toggleAttribute("data-busy", busy); }
+    if (failed !== body.hasAttribute("data-failed")) { body.toggleAttribute("data-failed", failed); }
+    const what = document.querySelector("#progress .busy-what");
+    const text = busy ? "updating " + stale.join(", ") + " for " + want.plan.split("|").join(" · ") : "";
+    if (what && what.textContent !== text) { what.textContent = text; }
+  }
+  function frame() { check(); requestAnimationFrame(frame); }
+  function start() {
+    new MutationObserver(check).observe(document.body,
+      {subtree: true, childList: true, attributes: true, characterData: true});
+    requestAnimationFrame(frame);
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else { start(); }
+})();

@@ -16,6 +16,7 @@ from app.cache import LRU
 from app.explain import peak_hint, step_view, tensor_rows
 from app.readback import alive_at, live_bands, op_fates, slider_minimum
 from app.state import Studio
+from core.naming import op_name
 
 
 def steps(live: list[tuple[int, int, int]], backward_start: int = 0) -> list:
@@ -250,10 +251,12 @@ def test_step_reasons_name_the_backward_reader_and_the_price():
     problem = studio.problem(key)
     plan = studio.plan(key, "rockmate", int(0.6 * problem.store_all_peak))
     whys = [step_view(problem, plan, i)["why"] for i in range(plan.backward_start)]
-    names = {op.name for op in problem.graph.ops if op.phase == "backward"}
+    graph = problem.graph
+    readers = {op_name(graph, op.index).words for op in graph.ops if op.phase == "backward"}
     kept = [w for w in whys if "; kept: " in w]
     assert kept and all("recomputing it would cost" in w for w in kept)
-    assert any(w.split("; kept: ")[1].split(" ")[0] in names for w in kept)
+    # the backward reader by module and kind ("… · gradient of the GELU activation")
+    assert any(w.split("; kept: ")[1].startswith(r + " ") for w in kept for r in readers)
     assert any("the plan recomputes it there (" in w for w in whys)
 
 

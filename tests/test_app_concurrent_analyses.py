@@ -9,6 +9,7 @@ from helpers import serve_in_thread
 from app import figures, ids
 from app.server import create_app
 from bench.app import choose, wait_ready
+from core.naming import block_title, op_name
 
 pytestmark = pytest.mark.browser
 
@@ -42,7 +43,14 @@ def test_switching_models_redraws_the_graph_without_errors(served, page):
         choose(page, ids.MODEL, model)
         wait_ready(page, model, 180_000)
         problem = app.studio.problem(app.studio.key(model, "estimated", "cpu"))
-        expected = figures.graph_elements(problem.blocks, problem.graph.ops, problem.graph.values)
+        graph = problem.graph
+        expected = figures.graph_elements(
+            problem.blocks,
+            graph.ops,
+            graph.values,
+            names=[op_name(graph, o.index) for o in graph.ops],
+            titles=[block_title(graph, b) for b in problem.blocks],
+        )
         want = sorted(e["data"]["label"] for e in expected if "source" not in e["data"])
         page.wait_for_function(f"(n) => ({CY})().nodes().length === n", arg=len(want))
         got = sorted(page.evaluate(f"() => ({CY})().nodes().map(n => n.data('label'))"))

@@ -12,6 +12,7 @@ from app.callbacks.analysis import tradeoff_note
 from app.explain import link_text, step_view, transfer_reason
 from app.readback import next_transfer, percent
 from app.state import OFFLOAD_METHODS, Studio
+from core.naming import op_name
 from core.schedule import plan_of_program, store_all_plan
 from core.solvers.offload import with_transfer
 
@@ -132,7 +133,8 @@ def test_the_step_through_says_why_a_value_was_offloaded_rather_than_recomputed(
         value = graph.values[v]
         producer = graph.ops[value.producer]
         assert why.startswith(("Offload " if kind == "offload" else "Prefetch ") + value.name)
-        assert f"running {producer.label} ({producer.name}) again would add" in why
+        said = f"{op_name(graph, producer.index).words} ({producer.label}, {producer.name})"
+        assert f"running {said} again would add" in why  # by module and kind, ATen second
         assert "they hide behind compute" in why
     at_peak = [
         transfer_reason(problem, plan, i)
@@ -197,8 +199,14 @@ def test_the_peak_list_says_offloaded_only_of_storages_parked_on_the_host(studio
     plan = studio.plan(key, studio.offload_method, budget)
     sim, peak = plan.simulate(), peak_step(plan.timeline)
     ref = {"key": key, "method": studio.offload_method, "budget": budget, "value": 50}
-    items = peak_items(studio, ref, peak)[1].children
-    labels = {i.children[2].children: i.children[-1] for i in items if isinstance(i.children, list)}
+    reason, _, listed = peak_items(studio, ref, peak)
+    assert reason.children.startswith("The peak is")  # why the peak is there, first
+    items = listed.children
+    labels = {  # by trace name (second, after the module and kind)
+        i.children[3].children.strip(" ()"): i.children[-1]
+        for i in items
+        if isinstance(i.children, list)
+    }
     assert labels["gelu_1"] == labels["addmm_6"] == " · prefetched back", labels
     assert not any(text.endswith("offloaded") for text in labels.values()), labels
     # a storage reads "offloaded" exactly while it is off the device, parked on the host

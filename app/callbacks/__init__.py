@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from dash import Dash
 
-from app.callbacks import analysis, budget, export, graph, measured, memory, step_through
+from app.callbacks import (
+    analysis,
+    budget,
+    compare,
+    export,
+    fit,
+    fresh,
+    graph,
+    lesson,
+    measured,
+    memory,
+    step_through,
+)
 from app.callbacks.common import plain_error
 from app.state import Studio
 
@@ -17,5 +29,17 @@ __all__ = ["plain_error", "register"]
 
 def register(app: Dash, studio: Studio) -> None:
     """Every callback of the page, by concern."""
-    for group in (analysis, budget, graph, memory, measured, step_through, export):
+    for group in (
+        analysis,
+        budget,
+        graph,
+        memory,
+        measured,
+        step_through,
+        export,
+        fresh,
+        fit,
+        lesson,
+        compare,
+    ):
         group.register(app, studio)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from dash import Dash, Input, Output, State, no_update, set_props
+from dash import Dash, Input, Output, State, html, no_update, set_props
 from dash.exceptions import PreventUpdate
 
+import core
 from app import figures, ids
 from app.cache import Cancelled
-from app.callbacks.common import HIDDEN, SHOWN, fmt, plain_error
+from app.callbacks.common import context_sig, fmt, plain_error, stamp
 from app.explain import link_text
-from app.layout import intro
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, Studio
+from app.words import intro
+from core.naming import block_title, op_name
 
 log = logging.getLogger(__name__)
 
@@ -30,28 +32,49 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.DEVICE, "value"),
         Input(ids.METHOD, "value"),
         Input(ids.OFFLOAD, "value"),
+        State(ids.BUDGET, "value"),
+        State(ids.CONTEXT, "data"),
+        State(ids.LESSON_PENDING, "data"),
         background=True,
+        # the busy bar itself is the page's watcher's (assets/app.js): it shows while any
+        # view differs from the controls, which covers this job and the drawing after it
         progress=[Output(ids.PROGRESS_BAR, "value"), Output(ids.PROGRESS_TEXT, "children")],
         progress_default=["0", ""],
-        running=[(Output(ids.PROGRESS, "style"), SHOWN, HIDDEN)],
         cancel=[Input(ids.CANCEL, "n_clicks")],
         interval=250,
     )
-    def prepare(set_progress, model, costs, device, method, offload):
-        """Analyse the model (trace, costs, blocks) and the method's trade-off, in the
-        background; with the offload switch on, the remat+offload curve too."""
+    def prepare(set_progress, model, costs, device, method, offload, value, shown, lesson):
+        """Analyse the model (trace, costs, blocks), the method's and the baselines'
+        trade-offs and the plan at the budget to show, in the background; with the offload
+        switch on, the remat+offload curve too. Everything the page draws next is cached."""
+        keep = value if shown and shown.get("model") == model else None
+        sig = context_sig(model, costs, device, method, bool(offload))
+        # a lesson step's budget, for the analysis it set up
+        set_to = float(lesson["pct"]) if lesson and lesson.get("for") == sig else None
         try:
-            return analyse(studio, set_progress, model, costs, device, method, bool(offload))
+            return analyse(
+                studio, set_progress, model, costs, device, method, bool(offload), keep, set_to
+            )
         except Cancelled:
             raise PreventUpdate from None
         except Exception as err:  # shown in the page; the app stays up
             log.exception("analysing %s (%s, %s) failed", model, costs, device)
-            return {"key": None, "model": model, "method": method, "error": plain_error(err)}
+            sig = context_sig(model, costs, device, method, bool(offload))
+            return {
+                "key": None,
+                "model": model,
+                "method": method,
+                "error": plain_error(err),
+                "for": sig,
+            }
 
     @app.callback(
         output={
             "error": Output(ids.ERROR, "children"),
             "error_hidden": Output(ids.ERROR, "hidden"),
+            "error_for": Output(ids.ERROR, "data-for"),
+            "intro_for": Output(ids.INTRO, "data-for"),
+            "graph_for": Output(ids.GRAPH_CARD, "data-for"),
             "methods": Output(ids.METHOD, "options"),
             "low": Output(ids.BUDGET, "min"),
             "marks": Output(ids.BUDGET, "marks"),
@@ -72,10 +95,12 @@ def register(app: Dash, studio: Studio) -> None:
             return {
                 "error": context["error"],
                 "error_hidden": False,
+                "error_for": context["for"],
                 **dict.fromkeys(
                     ("methods", "low", "marks", "budget", "intro", "graph", "tradeoff", "note"),
                     no_update,
                 ),
+                **dict.fromkeys(("intro_for", "graph_for"), no_update),
             }
         if context["method"] != method:
             # not an Output: METHOD is an Input of `prepare`, and a declared cycle
@@ -84,39 +109,64 @@ def register(app: Dash, studio: Studio) -> None:
             set_props(ids.METHOD, {"value": context["method"]})
         return context_view(studio, context, value)
 
-    app.clientside_callback(  # the curve takes seconds: say so at once
-        """function (on) { return (on && on.length) ?
-            "Computing the remat+offload curve (seconds: one solve per budget)…" :
-            window.dash_clientside.no_update; }""",
-        Output(ids.TRADEOFF_NOTE, "children", allow_duplicate=True),
-        Input(ids.OFFLOAD, "value"),
-        prevent_initial_call=True,
-    )
+
+def start_value(lo: float, value: float | None) -> float:
+    """The slider's position for a range from `lo`%: `value` when in range, else the middle
+    (on a 0.5 step), a budget that recomputes."""
+    if value is not None and lo <= value <= 100:
+        return value
+    middle = round((lo + 100) / 4) * 2 if lo < 100 else 100
+    return max(lo, min(100, middle))
 
 
 def context_view(studio: Studio, context: dict, value: float | None) -> dict:
-    """What a fresh analysis shows: the methods on offer, the slider's range and position
-    (kept when still in range, else the middle), the intro, the graph and the trade-off."""
+    """What a fresh analysis shows: the methods on offer, the slider's range and the position
+    `prepare` chose, the intro, the graph and the trade-off, each stamped with what it is for."""
     problem = studio.problem(context["key"])
     lo = context["min_pct"]
-    if value is None or value < lo or value > 100:
-        value = round((lo + 100) / 4) * 2 if lo < 100 else 100  # middle, on a 0.5 step
-        value = max(lo, min(100, value))
+    value = context.get("value", start_value(lo, value))
     graph = problem.graph
+    sig = context["for"]
     return {
         "error": "",
         "error_hidden": True,
+        "error_for": sig,
+        "intro_for": sig,
+        "graph_for": sig,
         "methods": [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]],
         "low": lo,
         "marks": {lo: f"{lo:g}%", 100: "100%"},
         "budget": value,
-        "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"]),
+        "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"])
+        + little_to_show(lo),
         "graph": figures.graph_elements(
-            problem.blocks, graph.ops, graph.values, figures.graph_prefix(context["key"])
+            problem.blocks,
+            graph.ops,
+            graph.values,
+            figures.graph_prefix(context["key"]),
+            names=[op_name(graph, o.index) for o in graph.ops],
+            titles=[block_title(graph, b) for b in problem.blocks],
         ),
-        "tradeoff": tradeoff_chart(studio, context, value),
+        "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
         "note": tradeoff_note(context, link_text(problem)),
     }
+
+
+LITTLE = 90.0  # a smallest budget this close to 100% leaves nothing to teach
+
+
+def little_to_show(lo: float) -> list:
+    """A warning for models where no plan goes much below plain PyTorch's peak."""
+    if lo < LITTLE:
+        return []
+    return [
+        html.P(
+            f"Little to show on this model: no plan goes below {lo:g}% of plain PyTorch's "
+            "peak (its gradients and temporaries, not its activations, set the peak). "
+            "Try gpt-tiny or vit-tiny to see the trade-off.",
+            className="message warn little",
+        )
+    ]
 
 
 def analyse(
@@ -127,26 +177,61 @@ def analyse(
     device: str,
     method: str,
     offload: bool,
+    value: float | None = None,
+    set_to: float | None = None,
 ) -> dict:
     """The CONTEXT store's data: the analysed problem's key, the methods on offer, the
-    budget limits and the intro's numbers; the caches warmed with the curves drawn next."""
+    budget limits, the budget to show (`set_to` clamped to the range, else `value` when in
+    range) and the intro's numbers; every
+    curve and the plan drawn next computed here, under the progress bar."""
     key = studio.key(model, costs, device)
 
-    def report(stage: str, frac: float) -> None:  # the analysis is 2-75% of the bar
-        set_progress([str(int(2 + 73 * frac)), f"{model}: {stage}…"])
+    def bar(start: int, end: int, text: str) -> Callable[[float], None]:
+        return lambda frac: set_progress([str(int(start + (end - start) * frac)), text])
 
-    problem = studio.problem(key, report)
+    problem = studio.problem(key, lambda stage, frac: bar(2, 55, f"{model}: {stage}…")(frac))
     methods = studio.methods(problem)
     if method not in methods:
         method = studio.default_method()
-    set_progress(["78", f"{model}: solving {method} at several budgets…"])
+    studio.tradeoff(key, method, bar(55, 75, f"{model}: the trade-off of {method}…"))
     minimum = studio.minimum(key, method)
     for i, m in enumerate(m for m in BASELINES if m in methods):
-        set_progress([str(85 + 5 * i), f"{model}: the trade-off of {m}…"])
-        studio.tradeoff(key, m)
+        studio.tradeoff(key, m, bar(75 + 4 * i, 79 + 4 * i, f"{model}: the trade-off of {m}…"))
+    offload_method = studio.offload_method if offload else None
+    if offload_method:
+        label = f"{model}: computing the remat+offload curve (one solve per budget)…"
+        curve = studio.offload_tradeoff(key, bar(87, 97, label))
+        minimum = min([minimum, *(p.budget for p in curve)])
     peak = problem.store_all_peak
+    lo = slider_minimum(minimum, peak)
+    start = start_value(lo, value) if set_to is None else max(lo, min(100.0, set_to))
+    set_progress(["97", f"{model}: solving at {start:g}% of the store-all peak…"])
+    try:  # warm the plan `solve` draws first; an impossible budget is its to explain
+        studio.plan(key, offload_method or method, int(start / 100 * peak))
+    except core.InfeasibleBudget:
+        pass
+    set_progress(["100", f"{model}: drawing…"])
+    return {
+        "key": key,
+        "model": model,
+        "method": method,
+        "offload": offload_method,
+        "methods": methods,
+        "peak": peak,
+        "minimum": minimum,
+        "min_pct": lo,
+        "min_text": f"{lo:g}% ({fmt(minimum)})",
+        "numbers": intro_numbers(studio, key, problem, methods),
+        "value": start,
+        "for": context_sig(model, costs, device, method, offload),
+        "error": None,
+    }
+
+
+def intro_numbers(studio: Studio, key: str, problem, methods: list[str]) -> dict:
+    """The intro's numbers: the store-all peak and time, and checkpointing every block's."""
     numbers = {
-        "store_all_peak": peak,
+        "store_all_peak": problem.store_all_peak,
         "store_all_time": problem.store_all_time,
         "cost_model": problem.cost_model,
         "n_blocks": len(problem.blocks),
@@ -157,26 +242,7 @@ def analyse(
             p = min(ck, key=lambda p: p.budget)
             numbers["ckpt_peak"] = p.peak
             numbers["ckpt_time"] = p.overhead * problem.store_all_time
-    offload_method = studio.offload_method if offload else None
-    if offload_method:
-        label = f"{model}: computing the remat+offload curve…"
-        set_progress(["95", label])  # after the baselines' 85-95
-        curve = studio.offload_tradeoff(key, lambda f: set_progress([str(int(95 + 5 * f)), label]))
-        minimum = min([minimum, *(p.budget for p in curve)])
-    set_progress(["100", ""])
-    return {
-        "key": key,
-        "model": model,
-        "method": method,
-        "offload": offload_method,
-        "methods": methods,
-        "peak": peak,
-        "minimum": minimum,
-        "min_pct": slider_minimum(minimum, peak),
-        "min_text": f"{slider_minimum(minimum, peak):g}% ({fmt(minimum)})",
-        "numbers": numbers,
-        "error": None,
-    }
+    return numbers
 
 
 def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:

@@ -11,7 +11,7 @@ from dash.exceptions import PreventUpdate
 
 import core
 from app import figures, ids
-from app.callbacks.common import fmt, plain_error
+from app.callbacks.common import blank, fmt, plain_error, plan_sig, stamp
 from app.explain import peak_hint
 from app.state import Studio
 
@@ -30,6 +30,7 @@ SOLVED = {
     "error_hidden": Output(ids.PLAN_ERROR, "hidden"),
     "step": Output(ids.STEP, "data"),
     "hint": Output(ids.BUDGET_HINT, "children"),
+    "for": Output(ids.NUMBERS, "data-for"),
 }
 # The slider and the typed box follow each other in one callback (two would be a loop): a
 # typed budget sets the slider or says why not (`remat.typedBudget`, assets/app.js); a slider
@@ -107,19 +108,22 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
     method = context.get("offload") or context["method"]
     budget = int(value / 100 * peak)
     label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
+    sig = plan_sig(context["for"], value)
     try:
         plan = studio.plan(key, method, budget)
     except Exception as err:  # an infeasible budget, in words under the slider
         if not isinstance(err, core.InfeasibleBudget):
             log.exception("solving %s with %s at %s bytes failed", key, method, budget)
-        return {
-            **dict.fromkeys(PLAN_NUMBERS, no_update),
+        return {  # no plan: every plan view says so, for these controls
+            **dict.fromkeys(PLAN_NUMBERS, "–"),
+            "timeline": blank(sig, "no plan at this budget", 380),
             "budget": label,
-            "plan": None,
+            "plan": {"for": sig},
             "error": plain_error(err),
             "error_hidden": False,
             "step": None,
             "hint": "",
+            "for": sig,
         }
     problem = studio.problem(key)
     sim = plan.simulate()
@@ -132,6 +136,7 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         host=sim.host,
     )
     fig["layout"]["meta"]["budget_pct"] = value
+    stamp(fig, sig)
     return {
         "timeline": fig,
         "peak": fmt(plan.predicted_peak),
@@ -140,7 +145,9 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "solve_time": f"{plan.solve_seconds * 1e3:.0f} ms",
         "host": fmt(sim.host_peak) if context.get("offload") else "–",
         "budget": label,
+        "for": sig,
         "plan": {
+            "for": sig,
             "key": key,
             "method": method,
             "budget": budget,

@@ -30,7 +30,7 @@ def plain_error(err: BaseException) -> str:
 def plan_of(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:
     """The plan (and problem) a PLAN store names, from the caches; (None, None) when there is
     none or it cannot be made (an infeasible budget is expected; anything else is logged)."""
-    if not plan_ref:
+    if not plan_ref or not plan_ref.get("key"):
         return None, None
     try:
         plan = studio.plan(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
@@ -54,3 +54,35 @@ def shown(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:
 def fmt(n: float) -> str:
     """Bytes in words (`core.errors.fmt_bytes`)."""
     return fmt_bytes(n)
+
+
+# What the content on screen is for. Every view carries the signature of the controls it was
+# drawn for (a `data-for` attribute, or a plotly figure's `layout.meta.for`); the page's
+# watcher (assets/app.js) compares them with the controls on every frame and shows the busy
+# bar while any differs, so no frame shows content under controls it was not drawn for.
+
+
+def context_sig(model: str, costs: str, device: str, method: str, offload: bool) -> str:
+    """The controls a model's analysis is for: model|device (or "here")|method|on/off."""
+    where = "here" if costs == "measured" else device
+    return "|".join((model, where, method, "on" if offload else "off"))
+
+
+def plan_sig(context_for: str, value: float) -> str:
+    """The controls a plan's views are for: the analysis's signature and the budget (%)."""
+    return f"{context_for}|{float(value):g}"
+
+
+def stamp(fig: dict, sig: str) -> dict:
+    """`fig` with `layout.meta.for` = `sig` (its other meta kept)."""
+    layout = fig.setdefault("layout", {})
+    meta = layout.get("meta")
+    layout["meta"] = {**(meta if isinstance(meta, dict) else {}), "for": sig}
+    return fig
+
+
+def blank(sig: str, text: str, height: int = 300) -> dict:
+    """An empty figure saying `text`, for controls with nothing to draw (no plan fits)."""
+    note = {"text": text, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5}
+    layout = {"height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False}}
+    return stamp({"data": [], "layout": {**layout, "annotations": [{**note, "y": 0.5}]}}, sig)

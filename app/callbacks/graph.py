@@ -13,6 +13,7 @@ from app.explain import FATE_TEXT, step_view
 from app.readback import fate_of_ops, op_fates
 from app.state import Studio
 from core.errors import fmt_bytes
+from core.naming import op_name
 
 
 def register(app: Dash, studio: Studio) -> None:
@@ -21,6 +22,7 @@ def register(app: Dash, studio: Studio) -> None:
             "sheet": Output(ids.GRAPH, "stylesheet"),
             "label": Output(ids.STEP_TEXT, "children"),
             "why": Output(ids.STEP_WHY, "children"),
+            "for": Output(ids.STEP_WHY, "data-for"),
         },
         inputs=[Input(ids.PLAN, "data"), Input(ids.STEP, "data")],
         prevent_initial_call=True,
@@ -28,8 +30,9 @@ def register(app: Dash, studio: Studio) -> None:
     def colour_graph(plan_ref, step):
         """Graph colours for the plan and the step-through highlight (off the slider's path)."""
         plan, problem = plan_of(studio, plan_ref)
+        sig = plan_ref.get("for") if plan_ref else None
         if plan is None:
-            return {"sheet": figures.graph_stylesheet(), "label": "", "why": ""}
+            return {"sheet": figures.graph_stylesheet(), "label": "", "why": "", "for": sig}
         fates = op_fates(problem, plan)
         prefix = figures.graph_prefix(plan_ref["key"])
         if step is None or step >= len(plan.program):
@@ -37,12 +40,13 @@ def register(app: Dash, studio: Studio) -> None:
                 "sheet": figures.graph_stylesheet(fates, prefix=prefix),
                 "label": f"{len(plan.program)} steps",
                 "why": "Press play or step to walk through the program.",
+                "for": sig,
             }
         view = step_view(problem, plan, step)
         sheet = figures.graph_stylesheet(
             fates, view["running"], view["live"], view["block"], prefix
         )
-        return {"sheet": sheet, "label": view["label"], "why": view["why"]}
+        return {"sheet": sheet, "label": view["label"], "why": view["why"], "for": sig}
 
     @app.callback(
         Output(ids.GRAPH_HOVER, "children"),
@@ -59,7 +63,8 @@ def register(app: Dash, studio: Studio) -> None:
         op = graph.ops[int(node["op"])]
         fate = fate_of_ops(problem, plan).get(op.index, "")
         out = fmt_bytes(sum(graph.values[v].nbytes for v in op.outputs))
-        return f"{op.name}: {op.label}, block {node['block']}, allocates {out}" + (
+        said = op_name(graph, op.index).words
+        return f"{said} ({op.label}, {op.name}), block {node['block']}, allocates {out}" + (
             f"; {FATE_TEXT[fate]}" if fate else ""
         )
 
@@ -91,8 +96,8 @@ def block_panel(problem: Any, plan: Any, index: int) -> list:
         fate = fate_of.get(o, "backward" if op.phase == "backward" else "")
         return html.Tr(
             [
-                html.Td(op.name),
-                html.Td(op.label),
+                html.Td(op_name(graph, o).words),
+                html.Td(f"{op.label} · {op.name}"),
                 html.Td(fmt_bytes(out)),
                 html.Td(fate, className=f"fate {fate}"),
             ]
@@ -106,7 +111,7 @@ def block_panel(problem: Any, plan: Any, index: int) -> list:
             f"{', '.join(map(str, same))}."
         ),
         html.Table(
-            [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen", "allocates", "plan")]))]
+            [html.Thead(html.Tr([html.Th(h) for h in ("op", "ATen op", "allocates", "plan")]))]
             + [html.Tbody([row(o) for o in block.forward_ops + block.backward_ops])],
             className="ops",
         ),

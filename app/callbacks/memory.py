@@ -3,13 +3,18 @@ view, the transfer lane, the arena, and what is alive at the peak."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from dash import Dash, Input, Output, Patch, State, html
+from dash.exceptions import PreventUpdate
 
 from app import figures, ids
 from app.arena import arena_figure
-from app.callbacks.common import plan_of, shown
+from app.callbacks.common import blank, plan_of, shown, stamp
 from app.explain import link_text
 from app.readback import alive_at, fate_at, peak_step
+from app.reasons import peak_reason
 from app.state import Studio
 from core.errors import fmt_bytes
 from core.layout import arena
@@ -40,14 +45,17 @@ def register(app: Dash, studio: Studio) -> None:
     def draw_tensors(plan_ref):
         """The per-tensor view of the plan on screen (a request of its own, off the slider's
         timeline paint)."""
-        plan, problem = shown(studio, plan_ref)
-        rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
-        return figures.tensor_figure(
-            rows,
-            len(plan.program),
-            plan.backward_start,
-            unit=figures.pick_unit(problem.store_all_peak),
-        )
+
+        def draw(plan, problem):
+            rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
+            return figures.tensor_figure(
+                rows,
+                len(plan.program),
+                plan.backward_start,
+                unit=figures.pick_unit(problem.store_all_peak),
+            )
+
+        return plan_view(studio, plan_ref, draw)
 
     @app.callback(
         Output(ids.TRANSFERS, "figure"),
@@ -56,15 +64,18 @@ def register(app: Dash, studio: Studio) -> None:
     )
     def draw_transfers(plan_ref):
         """The transfer lane of the plan on screen: copies and compute stalls over time."""
-        plan, problem = shown(studio, plan_ref)
-        sim, values = plan.simulate(), problem.graph.values
-        return figures.transfer_figure(
-            sim.transfers,
-            sim.waits,
-            [v.name for v in values],
-            [v.nbytes for v in values],
-            link_text(problem),
-        )
+
+        def draw(plan, problem):
+            sim, values = plan.simulate(), problem.graph.values
+            return figures.transfer_figure(
+                sim.transfers,
+                sim.waits,
+                [v.name for v in values],
+                [v.nbytes for v in values],
+                link_text(problem),
+            )
+
+        return plan_view(studio, plan_ref, draw)
 
     @app.callback(
         Output(ids.ARENA, "figure"),
@@ -73,8 +84,11 @@ def register(app: Dash, studio: Studio) -> None:
     )
     def draw_arena(plan_ref):
         """The address-by-time view of the plan on screen (`core.layout.arena`)."""
-        plan, problem = shown(studio, plan_ref)
-        return arena_figure(arena(plan), problem.graph, plan.backward_start)
+        return plan_view(
+            studio,
+            plan_ref,
+            lambda plan, problem: arena_figure(arena(plan), problem.graph, plan.backward_start),
+        )
 
     @app.callback(
         Output(ids.PEAK_LIST, "children"),
@@ -87,17 +101,29 @@ def register(app: Dash, studio: Studio) -> None:
         return peak_items(studio, plan_ref, step)
 
 
+def plan_view(studio: Studio, plan_ref: dict | None, draw: Callable[[Any, Any], dict]) -> dict:
+    """`draw(plan, problem)` for the plan on screen, stamped with the controls it is for; a
+    blank figure saying so when no plan fits the budget."""
+    plan, problem = plan_of(studio, plan_ref)
+    sig = plan_ref.get("for") if plan_ref else None
+    if sig is None:
+        raise PreventUpdate
+    if plan is None:
+        return blank(sig, "no plan at this budget")
+    return stamp(draw(plan, problem), sig)
+
+
 def peak_items(studio: Studio, plan_ref: dict | None, step: int | None) -> list:
     """The peak list's children at `step`: empty unless `step` is the peak of the plan on
     screen. Each storage says what it is at the peak (`fate_at`), not its op's fate over the
     whole program: an offloaded op's storage alive at the peak is on the device."""
-    plan, _ = plan_of(studio, plan_ref)
+    plan, problem = plan_of(studio, plan_ref)
     if plan is None or plan_ref is None or step is None or step != peak_step(plan.timeline):
         return []
     sim = plan.simulate()
     rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
     here = [{**r, "fate": fate_at(sim, r["value"], r["fate"], step)} for r in alive_at(rows, step)]
-    return peak_list(here)
+    return [html.P(peak_reason(problem, plan), className="peak-why"), *peak_list(here)]
 
 
 def peak_list(rows: list[dict]) -> list:
@@ -106,7 +132,13 @@ def peak_list(rows: list[dict]) -> list:
     total = sum(r["nbytes"] for r in rows)
     items = [
         html.Li(
-            [html.B(fmt_bytes(r["nbytes"])), " ", html.Span(r["name"]), f" · {r['fate']}"],
+            [
+                html.B(fmt_bytes(r["nbytes"])),
+                " ",
+                html.Span(r.get("words") or r["name"]),
+                html.Span(f" ({r['name']})", className="aten"),
+                f" · {r['fate']}",
+            ],
             title=str(r["text"]),
         )
         for r in rows[:PEAK_ROWS]

@@ -75,3 +75,17 @@ def phase_label(x: float, text: str) -> dict:
 def ms(seconds: float) -> str:
     """A duration in words, ms or µs, three digits."""
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+
+
+def legend_below() -> dict:
+    """A horizontal legend pinned to the figure's bottom edge (container coordinates), under
+    the x-axis title whatever the plot's height or the legend's rows: a legend placed in plot
+    coordinates rode up over the title when the page narrowed and the legend wrapped."""
+    return {
+        "orientation": "h",
+        "yref": "container",
+        "y": 0,
+        "yanchor": "bottom",
+        "x": 0,
+        "font": {"size": 11},
+    }

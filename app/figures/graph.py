@@ -21,14 +21,17 @@ from app.figures.palette import (
 ROWS = 12  # ops per column inside a block box
 DX, DY = 70, 34
 BLOCKS_PER_ROW = 6
+TITLE_WIDTH, TITLE_CHAR = 220, 13  # a block title's widest wrap, and px per character
 
 BASE_STYLE: list[dict] = [
     {
         "selector": "node.op",
         "style": {
             "label": "data(label)",
-            "font-size": 11,
-            "min-zoomed-font-size": 7,  # hidden when zoomed out too far to read
+            "font-size": 9,
+            "min-zoomed-font-size": 9,  # ops are named when zoomed in enough to read them
+            "text-wrap": "wrap",
+            "text-max-width": DX - 8,
             "width": 14,
             "height": 14,
             "background-color": OP_NODE,
@@ -40,7 +43,10 @@ BASE_STYLE: list[dict] = [
         "selector": "node.block",
         "style": {
             "label": "data(label)",
-            "font-size": 11,
+            "font-size": 22,  # a layer's name reads at the whole-model zoom
+            "font-weight": "bold",
+            "text-wrap": "wrap",
+            "text-max-width": TITLE_WIDTH,
             "text-valign": "top",
             "text-halign": "center",
             "border-width": 1,
@@ -67,14 +73,20 @@ def graph_prefix(key: str) -> str:
 
 
 def graph_elements(
-    blocks: Sequence[Any], ops: Sequence[Any], values: Sequence[Any], prefix: str = ""
+    blocks: Sequence[Any],
+    ops: Sequence[Any],
+    values: Sequence[Any],
+    prefix: str = "",
+    names: Sequence[Any] | None = None,
+    titles: Sequence[str] | None = None,
 ) -> list:
     """Cytoscape elements with preset positions: one compound box per block (tinted by kind),
     its forward ops inside in columns, and an edge for each forward value read in the forward.
 
     `blocks` are `core.blocks.Block`-like (index, name, kind, forward_ops), `ops` and `values`
     the graph's `Op`/`Value` records; every id starts with `prefix` (see `graph_prefix`), and
-    the data carry the block and op indices.
+    the data carry the block and op indices. `names` (per op, `core.naming.OpName`) label
+    the ops by what they make ("layer-norm output"), `titles` (per block) the boxes by module.
     """
     elements: list[dict] = []
     forward = set()
@@ -82,23 +94,28 @@ def graph_elements(
     for i, block in enumerate(blocks):
         if i and i % BLOCKS_PER_ROW == 0:
             x0, y0, row_height = 0.0, y0 + row_height + 90, 0.0
+        label = f"{block.index} · {titles[i] if titles else block.name}"
         elements.append(
             {
                 "data": {
                     "id": f"{prefix}b{block.index}",
                     "block": block.index,
-                    "label": f"block {block.index} · {block.name}",
+                    "label": label,
                     "kind": block.kind,
                 },
                 "classes": f"block kind{block.kind % len(BLOCK_TINTS)}",
             }
         )
+        n = len(block.forward_ops)
+        ops_width = max(1, math.ceil(n / ROWS)) * DX
+        width = max(ops_width, min(TITLE_WIDTH, len(label) * TITLE_CHAR))  # titles never meet
+        left = x0 + (width - ops_width) / 2
         for j, o in enumerate(block.forward_ops):
             forward.add(o)
-            position = {"x": x0 + (j // ROWS) * DX, "y": y0 + (j % ROWS) * DY}
-            elements.append(_op_node(ops[o], o, block.index, position, prefix))
-        n = len(block.forward_ops)
-        x0 += max(1, math.ceil(n / ROWS)) * DX + 70
+            position = {"x": left + (j // ROWS) * DX, "y": y0 + (j % ROWS) * DY}
+            name = names[o] if names else None
+            elements.append(_op_node(ops[o], o, block.index, position, prefix, name))
+        x0 += width + 70
         row_height = max(row_height, min(n, ROWS) * DY)
     producer_op = {v.index: v.producer for v in values if v.producer in forward}
     for v, p in producer_op.items():
@@ -116,15 +133,16 @@ def graph_elements(
     return elements
 
 
-def _op_node(op: Any, o: int, block: int, position: dict, prefix: str) -> dict:
+def _op_node(op: Any, o: int, block: int, position: dict, prefix: str, name: Any) -> dict:
     return {
         "data": {
             "id": f"{prefix}o{o}",
             "parent": f"{prefix}b{block}",
             "block": block,
             "op": o,
-            "label": op.label.removeprefix("aten."),
+            "label": name.kind if name else op.label.removeprefix("aten."),
             "name": op.name,
+            "words": name.full if name else op.label,
         },
         "position": position,
         "classes": "op",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.figures.axes import phase_rect, pick_unit
+from app.figures.axes import legend_below, phase_rect, pick_unit
 from app.figures.hover import hover_html
 from app.figures.palette import BACKGROUND, BACKWARD_SHADE, BAND_COLORS, EDGE, REST, UNKNOWN
 
@@ -68,11 +68,11 @@ def tensor_figure(
         "data": traces + legend,
         "layout": {
             "height": 380,
-            "margin": {"l": 60, "r": 10, "t": 24, "b": 70},
+            "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
             "xaxis": {"title": {"text": "program step"}, "showgrid": False},
             "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
             "hovermode": "closest",
-            "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+            "legend": legend_below(),
             "shapes": [phase_rect(backward_start - 0.5, n_steps - 0.5, BACKWARD_SHADE)],
             "plot_bgcolor": BACKGROUND,
             "meta": {"unit": name, "bands": len(chosen), "storages": len(rows)},

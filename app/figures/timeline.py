@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.figures.axes import MAX_POINTS, decimate, phase_label, phase_rect, pick_unit, thin
+from app.figures.axes import (
+    MAX_POINTS,
+    decimate,
+    legend_below,
+    phase_label,
+    phase_rect,
+    pick_unit,
+    thin,
+)
 from app.figures.palette import (
     BACKGROUND,
     BACKWARD_SHADE,
@@ -175,12 +183,12 @@ def _host_trace(host: Sequence[int], keep: list[int], unit: str, size: float) ->
 
 def _layout(backward_start: int, n: int, unit: str, size: float) -> dict:
     return {
-        "height": 380,
-        "margin": {"l": 60, "r": 10, "t": 24, "b": 90},
+        "height": 360,
+        "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
         "xaxis": {"title": {"text": "program step"}, "showgrid": False},
         "yaxis": {"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero"},
         "hovermode": "x unified",
-        "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0},
+        "legend": legend_below(),
         "shapes": [
             phase_rect(-0.5, backward_start - 0.5, FORWARD_SHADE),
             phase_rect(backward_start - 0.5, n - 0.5, BACKWARD_SHADE),

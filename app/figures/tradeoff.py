@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from app.figures.axes import legend_below
 from app.figures.palette import (
     BACKGROUND,
     BUDGET_COLOR,
@@ -39,10 +40,10 @@ def tradeoff_figure(
         "data": traces,
         "layout": {
             "height": 380,
-            "margin": {"l": 60, "r": 10, "t": 10, "b": 120},
+            "margin": {"l": 60, "r": 10, "t": 10, "b": 130},
             "xaxis": {"title": {"text": "budget (% of store-all peak)"}, "rangemode": "tozero"},
             "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
-            "legend": {"orientation": "h", "y": -0.38, "yanchor": "top", "x": 0},
+            "legend": legend_below(),
             "shapes": [budget_shape(budget_pct)] + ([floor_shape(floor[0])] if floor else []),
             "annotations": [floor_note(*floor)] if floor else [],
             "hovermode": "closest",
@@ -68,7 +69,7 @@ def _curve(method: str, points: Sequence[tuple[float, float]], label: str, curre
             "dash": "dash" if method in OFFLOAD_CURVES else "solid",
         },
         "marker": {"size": 9 if current else 6, "color": method_color(method)},
-        "hovertemplate": "budget %{x:.1f}%<br>overhead %{y:.1f}%<extra>" + label + "</extra>",
+        "hovertemplate": "budget %{x:.1f}%<br>extra time %{y:.1f}%<extra>" + label + "</extra>",
         "meta": method,
     }
 
