@@ -31,6 +31,7 @@ from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
 from core.trace.functionalize import functionalize_late_writes
+from core.trace.loss_head import LossHeadMode
 from core.trace.module_state import ModuleState
 from core.trace.nodes import TensorSpec, Trace
 from core.trace.scope import ModuleScope, guard
@@ -48,13 +49,17 @@ def capture(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     targets: Sequence[torch.Tensor] = (),
     autocast: Autocast = OFF,
+    head: LossHeadMode | None = None,
 ) -> Trace:
     """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
     *targets)` when given) on inputs shaped like these, the forward under `autocast`.
     Non-tensor arguments are bound as they are. The model's own non-reentrant checkpoints
-    run as plain forward ops: the plan decides what to keep and recompute, and replaces them."""
+    run as plain forward ops: the plan decides what to keep and recompute, and replaces them.
+    The forward runs under `head` (default: a plain `LossHeadMode`), which decides how an
+    LM-head loss is computed and lists the heads it met in `head.found`."""
+    head = head if head is not None else LossHeadMode()
     with _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
-        trace = _capture(model, args, kwargs, loss_fn, targets)
+        trace = _capture(model, args, kwargs, loss_fn, targets, head)
     return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
 
 
@@ -100,6 +105,7 @@ def _capture(
     kwargs: dict[str, Any] | None,
     loss_fn: Callable[..., torch.Tensor] | None,
     targets: Sequence[torch.Tensor],
+    head: LossHeadMode,
 ) -> Trace:
     """Fake the parameters, state and inputs; run the forward once to learn its outputs;
     trace forward and backward together; convert the graph."""
@@ -115,7 +121,7 @@ def _capture(
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
         finputs = _distinct([_fake(fake_mode, x) for x in inputs])
-    forward = _forward_fn(model, params + state, call, loss_fn)
+    forward = _forward_fn(model, params + state, call, loss_fn, head)
 
     with ModuleScope(model) as scope, fake_mode:
         out = guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -156,17 +162,22 @@ def _check_targets(targets: Sequence[Any]) -> None:
 
 
 def _forward_fn(
-    model: nn.Module, tensors: Named, call: CallSpec, loss_fn: Callable[..., Any] | None
+    model: nn.Module,
+    tensors: Named,
+    call: CallSpec,
+    loss_fn: Callable[..., Any] | None,
+    head: LossHeadMode,
 ) -> Forward:
     """forward(params, state, inputs): the model (then the loss) on these tensors in place of
-    its own parameters and buffers, called as `call` says."""
+    its own parameters and buffers, called as `call` says, under the loss-head mode `head`."""
     names = [n for n, _ in tensors]
 
     def forward(ps: Sequence, ss: Sequence, xs: Sequence) -> Any:
         substitutes = dict(zip(names, [*ps, *ss], strict=True))
         args, kwargs, targets = join_call(xs, call)
-        out = functional_call(model, substitutes, args, kwargs)
-        return out if loss_fn is None else _loss(loss_fn, out, targets)
+        with head:
+            out = functional_call(model, substitutes, args, kwargs)
+            return out if loss_fn is None else _loss(loss_fn, out, targets)
 
     return forward
 
