@@ -73,8 +73,7 @@ class Problem:
     @property
     def loss_head(self) -> LossHead:
         """How the step computes its LM-head loss: plain, or chunked (docs/floor.md)."""
-        data = self.graph_meta.get("loss_head")
-        return PLAIN if data is None else LossHead(data["kind"], data["rows"])
+        return LossHead.from_data(self.graph_meta.get("loss_head"))
 
     @property
     def link(self) -> Link:

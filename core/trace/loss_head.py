@@ -53,8 +53,20 @@ class LossHead:
     kind: str = "plain"
     rows: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("plain", "chunked"):
+            raise ValueError(f"unknown loss head {self.kind!r}: use 'plain' or 'chunked'")
+        if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1):
+            raise ValueError(f"rows per chunk must be a positive int or None, not {self.rows!r}")
+
     def to_data(self) -> dict[str, Any] | None:
+        """What a plan file records (None: plain, recorded by omission)."""
         return None if self.kind == "plain" else {"kind": self.kind, "rows": self.rows}
+
+    @staticmethod
+    def from_data(data: dict[str, Any] | None) -> LossHead:
+        """The head `to_data` wrote."""
+        return PLAIN if data is None else LossHead(str(data["kind"]), data["rows"])
 
 
 PLAIN = LossHead()
@@ -264,7 +276,7 @@ class LossHeadMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def loss_head(head: LossHead = LossHead("chunked")) -> Iterator[LossHeadMode]:
+def chunked_head(head: LossHead = LossHead("chunked")) -> Iterator[LossHeadMode]:
     """Run eager code with its LM-head losses as `head` says: the eager twin of a step
     analysed with `core.analyze(..., loss_head="chunked")`, for comparing numbers."""
     with LossHeadMode(head) as mode:
