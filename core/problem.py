@@ -16,6 +16,7 @@ from core import costs as cost_models
 from core.blocks import Block, constant_ops, find_blocks
 from core.errors import UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
+from core.optimizer_step import OptimizerStep
 from core.simulator import Link, simulate, store_all_program
 from core.trace import Autocast, capture, fingerprint, graph_meta
 from core.trace.loss_head import PLAIN, LossHead, LossHeadMode
@@ -57,6 +58,8 @@ class Problem:
     name: str = "model"
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
     loss_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
+    # the optimizer run inside the step (analyze's optimizer=), or None: the user steps it
+    optimizer_step: OptimizerStep | None = field(default=None, repr=False)
 
     @cached_property
     def constant_ops(self) -> tuple[int, ...]:
@@ -131,6 +134,7 @@ def analyze(
     progress: Progress | None = None,
     autocast: Autocast | torch.autocast | None = None,
     loss_head: str | LossHead = "plain",
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Problem:
     """Trace one training step of `model`, time its ops and find its chain of blocks.
 
@@ -150,6 +154,9 @@ def analyze(
     loss_head: "plain" (the step as written), "chunked" (an LM head's linear + cross-entropy
     over chunks of rows, below the floor: docs/floor.md; `LossHead("chunked", rows)` sets the
     rows per chunk) or "auto" (chunked where that lowers the floor).
+    optimizer: a torch.optim SGD, Adam or AdamW to run inside the step: each parameter is
+    updated as soon as its gradient is complete and the gradient freed; the planned module
+    then updates the parameters itself (call no optimizer.step(); .grad stays None).
     """
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
@@ -161,7 +168,11 @@ def analyze(
             "argument, or compute the loss inside the model",
         )
     state = autocast if isinstance(autocast, Autocast) else Autocast.of(autocast)
-    trace, graph, head = _traced(model, (args, kwargs, loss_fn, targets), state, loss_head)
+    opt = None
+    if optimizer is not None:
+        opt = OptimizerStep(optimizer, [p for p in model.parameters() if p.requires_grad])
+    step = (args, kwargs, loss_fn, targets)
+    trace, graph, head = _traced(model, step, state, loss_head, opt)
     report("costs", 0.3)
     if costs == "measured":
         on = _device_name(model)
@@ -196,11 +207,16 @@ def analyze(
         name,
         weakref.ref(model),
         loss_fn,
+        opt,
     )
 
 
 def _traced(
-    model: nn.Module, step: tuple, state: Autocast, loss_head: str | LossHead
+    model: nn.Module,
+    step: tuple,
+    state: Autocast,
+    loss_head: str | LossHead,
+    opt: OptimizerStep | None = None,
 ) -> tuple[Trace, Graph, LossHead]:
     """The step traced with its loss head as `loss_head` asks: (trace, graph, the head used).
     `step` is (args, kwargs, loss_fn, targets)."""
@@ -212,7 +228,7 @@ def _traced(
         head = loss_head
     args, kwargs, loss_fn, targets = step
     mode = LossHeadMode(head)
-    trace = capture(model, args, kwargs, loss_fn, targets, state, mode)
+    trace = capture(model, args, kwargs, loss_fn, targets, state, mode, opt)
     graph = build_graph(trace)
     if head.kind == "plain":
         return trace, graph, head
@@ -222,7 +238,7 @@ def _traced(
     if loss_head == "auto":
         if not mode.found:  # nothing substituted: this trace is the plain one
             return trace, graph, PLAIN
-        plain = capture(model, args, kwargs, loss_fn, targets, state)
+        plain = capture(model, args, kwargs, loss_fn, targets, state, None, opt)
         plain_graph = build_graph(plain)
         if chunked and floor_of(graph).nbytes < floor_of(plain_graph).nbytes:
             return trace, graph, head

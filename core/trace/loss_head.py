@@ -228,7 +228,7 @@ class LossHeadMode(TorchFunctionMode):
             or label_smoothing != 0.0
             or target.dtype != torch.int64
             or target.shape != x.shape[:1]
-            or torch.is_autocast_enabled(x.device.type)
+            or _autocast_on(x.device)
         ):
             return None
         n, d = x.shape
@@ -273,6 +273,15 @@ class LossHeadMode(TorchFunctionMode):
             options=None,
             **kw,  # type: ignore[arg-type]
         )
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is on for `device` (never for devices autocast has no key for, such
+    as meta)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:
+        return False
 
 
 @contextlib.contextmanager
