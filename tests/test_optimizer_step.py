@@ -69,6 +69,7 @@ def test_updates_in_the_step_equal_eager_optimizer_steps(opt_cls, kw):
         assert torch.equal(s, t)
 
 
+@pytest.mark.slow  # about 35 s on a shared 2-core machine
 def test_a_gpt_with_dropout_and_adamw_under_a_recomputing_plan():
     cfg = GPTConfig(block_size=32, vocab_size=128, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
     torch.manual_seed(0)

@@ -215,22 +215,21 @@ class LossHeadMode(TorchFunctionMode):
         label_smoothing: float = 0.0,
     ) -> torch.Tensor | None:
         """The chunked loss of a tracked head, or None where the form does not apply."""
-        if len(lin.lead) != 1 or lin.weight.dim() != 2 or lin.x.shape[-1] != lin.weight.shape[1]:
-            return None
-        x = lin.rows()
         if (
-            x.dim() != 2
+            len(lin.lead) != 1
             or lin.weight.dim() != 2
+            or lin.x.shape[-1] != lin.weight.shape[1]
             or weight is not None
             or size_average is not None
             or reduce is not None
             or reduction not in _REDUCTIONS
             or label_smoothing != 0.0
             or target.dtype != torch.int64
-            or target.shape != x.shape[:1]
-            or _autocast_on(x.device)
+            or tuple(target.shape) != lin.lead
+            or _autocast_on(lin.x.device)
         ):
             return None
+        x = lin.rows()
         n, d = x.shape
         v = lin.weight.shape[0]
         rows = self.head.rows or default_rows(n, d, v)
