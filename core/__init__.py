@@ -18,6 +18,7 @@ from core.problem import Problem, analyze
 from core.reorder import reorder
 from core.runtime import apply_plan
 from core.solvers import parse_budget, solve
+from core.trace.loss_head import LossHead, chunked_head
 from core.trace.model_call import ModelCall
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "BudgetError",
     "InfeasibleBudget",
     "InvalidPlan",
+    "LossHead",
     "ModelCall",
     "Plan",
     "PlanFileError",
@@ -38,6 +40,7 @@ __all__ = [
     "analyze",
     "apply_plan",
     "arena",
+    "chunked_head",
     "load_plan",
     "parallel_plan",
     "parallelize",

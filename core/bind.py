@@ -24,6 +24,7 @@ from core.plan import Plan
 from core.plan_io import check_graph_meta
 from core.problem import Problem, analyze
 from core.trace import Autocast, CallSpec, TensorSpec, describe_difference, join_call
+from core.trace.loss_head import LossHead
 from core.validate import check_program
 
 
@@ -96,6 +97,7 @@ def _problem_for(
             loss_fn if meta and meta["loss"] else None,
             targets,
             autocast=Autocast.from_data(plan.graph_meta.get("autocast", [])),
+            loss_head=LossHead.from_data(plan.graph_meta.get("loss_head")),
         )
     except UnsupportedModel as e:
         raise PlanMismatch(

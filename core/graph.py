@@ -53,6 +53,10 @@ class Op:
     phase: Phase
     random: bool = False  # replays its random numbers when recomputed
     state_update: bool = False  # updates model state (batch-norm statistics): once per step
+    # an optimizer's write of a parameter or its state, in the backward once its gradient is
+    # complete (core.optimizer_step); `writes` are the placeholder storages it writes
+    update: bool = False
+    writes: tuple[int, ...] = ()
     time: float = 0.0  # seconds, from the cost model
 
 
@@ -128,7 +132,16 @@ def build_graph(trace: Trace) -> Graph:
     ops = _make_ops(trace, groups, owner, placeholder_storage)
     model_outputs = {nodes[n].storages[0] for n in trace.outputs}
     final = model_outputs | {nodes[g].storages[0] for g in trace.grads if g is not None}
-    ops = _drop_dead_and_classify(ops, final, model_outputs)
+    tangents = {s for n in nodes if n.role == "tangent" for s in n.storages}
+    backward_begins = next(
+        (
+            n.index
+            for n in nodes
+            if n.role == "op" and any(s in tangents for r in n.reads for s in nodes[r].storages)
+        ),
+        len(nodes),
+    )
+    ops = _drop_dead_and_classify(ops, final, model_outputs, backward_begins)
     for op in ops:
         for v in op.outputs:
             values[v].producer = op.index
@@ -195,6 +208,7 @@ def _make_ops(trace: Trace, groups, owner, placeholder_storage) -> list[Op]:
                 phase="forward",  # set by _drop_dead_and_classify
                 random=any(nodes[n].random for n in members),
                 state_update=bool(writes & placeholder_storage),
+                writes=tuple(sorted(writes & placeholder_storage)),
             )
         )
     return _topological(raw, owner)
@@ -223,14 +237,22 @@ def _topological(raw: list[Op], owner: dict[int, int]) -> list[Op]:
     return [raw[g] for g in order]
 
 
-def _drop_dead_and_classify(ops: list[Op], final: set[int], model_outputs: set[int]) -> list[Op]:
+def _drop_dead_and_classify(
+    ops: list[Op], final: set[int], model_outputs: set[int], backward_begins: int
+) -> list[Op]:
     """Keep the ops the step needs and split them into phases.
 
     Forward: what the model outputs need, plus random and state-updating ops (they run once,
     in the forward, in traced order). Everything else is backward, including forward-region
-    ops read only by the backward, so they run lazily when the backward needs them.
+    ops read only by the backward, so they run lazily when the backward needs them. A state
+    update traced in the backward (at or after node `backward_begins`, the first to read the
+    incoming gradient: an optimizer's update) is a backward op the step needs, as a final
+    value is.
     """
     producer = {v: i for i, op in enumerate(ops) for v in op.outputs}
+    updates = {i for i, op in enumerate(ops) if op.state_update and op.nodes[0] > backward_begins}
+    for i in updates:
+        ops[i].state_update, ops[i].update = False, True
 
     def ancestors(roots: set[int]) -> set[int]:
         seen: set[int] = set()
@@ -244,7 +266,7 @@ def _drop_dead_and_classify(ops: list[Op], final: set[int], model_outputs: set[i
 
     sticky = {i for i, op in enumerate(ops) if op.random or op.state_update}
     forward = ancestors(sticky | {producer[v] for v in model_outputs if v in producer})
-    needed = forward | ancestors({producer[v] for v in final if v in producer})
+    needed = forward | ancestors({producer[v] for v in final if v in producer} | updates)
     out: list[Op] = []
     for i in sorted(needed):
         op = ops[i]

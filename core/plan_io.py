@@ -269,7 +269,7 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         return PlanFileError(f"{name} has damaged graph metadata: {why}; export the plan again")
 
     fields = {"params", "state", "inputs", "n_nodes"}
-    if not isinstance(meta, dict) or set(meta) - {"call", "autocast"} != fields:
+    if not isinstance(meta, dict) or set(meta) - {"call", "autocast", "loss_head"} != fields:
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
     if not _is_int(meta["n_nodes"], 1, MAX_DIM):
@@ -303,6 +303,15 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         _check_call(meta["call"], len(inputs), bad)
     if "autocast" in meta:
         _check_autocast(meta["autocast"], bad)
+    if "loss_head" in meta:  # a chunked LM-head loss (core.trace.loss_head.LossHead.to_data)
+        head = meta["loss_head"]
+        if not (
+            isinstance(head, dict)
+            and set(head) == {"kind", "rows"}
+            and head["kind"] == "chunked"
+            and (head["rows"] is None or _is_int(head["rows"], 1, MAX_DIM))
+        ):
+            raise bad("loss_head is not {kind: 'chunked', rows: a count or None}")
 
 
 def _check_autocast(state: Any, bad: Callable[[str], PlanFileError]) -> None:

@@ -16,8 +16,11 @@ from core import costs as cost_models
 from core.blocks import Block, constant_ops, find_blocks
 from core.errors import UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
+from core.optimizer_step import OptimizerStep
 from core.simulator import Link, simulate, store_all_program
 from core.trace import Autocast, capture, fingerprint, graph_meta
+from core.trace.loss_head import PLAIN, LossHead, LossHeadMode
+from core.trace.nodes import Trace
 
 Progress = Callable[[str, float], None]  # (stage description, fraction done)
 T = TypeVar("T")
@@ -55,6 +58,8 @@ class Problem:
     name: str = "model"
     model_ref: weakref.ref | None = field(default=None, repr=False)  # the model analysed
     loss_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
+    # the optimizer run inside the step (analyze's optimizer=), or None: the user steps it
+    optimizer_step: OptimizerStep | None = field(default=None, repr=False)
 
     @cached_property
     def constant_ops(self) -> tuple[int, ...]:
@@ -64,15 +69,14 @@ class Problem:
     @cached_property
     def floor(self) -> Floor:
         """The op whose inputs and outputs need the most device bytes at once: a lower bound
-        on every plan's peak (on a GPT with a large vocabulary, the loss's softmax backward)."""
-        values = self.graph.values
+        on every plan's peak (on a GPT with a large vocabulary, the loss's softmax backward,
+        unless the problem was analysed with a chunked loss head)."""
+        return floor_of(self.graph)
 
-        def held(op) -> list[int]:
-            kept = {v for v in (*op.inputs, *op.outputs) if not values[v].is_placeholder}
-            return sorted((values[v].nbytes for v in kept), reverse=True)
-
-        op = max(self.graph.ops, key=lambda o: (sum(held(o)), -o.index))
-        return Floor(sum(held(op)), op.name, op.label, tuple(held(op)))
+    @property
+    def loss_head(self) -> LossHead:
+        """How the step computes its LM-head loss: plain, or chunked (docs/floor.md)."""
+        return LossHead.from_data(self.graph_meta.get("loss_head"))
 
     @property
     def link(self) -> Link:
@@ -86,6 +90,18 @@ class Problem:
     @property
     def input_bytes(self) -> int:
         return sum(v.nbytes for v in self.graph.values if v.kind == "input")
+
+
+def floor_of(graph: Graph) -> Floor:
+    """`Problem.floor` of a graph."""
+    values = graph.values
+
+    def held(op) -> list[int]:
+        kept = {v for v in (*op.inputs, *op.outputs) if not values[v].is_placeholder}
+        return sorted((values[v].nbytes for v in kept), reverse=True)
+
+    op = max(graph.ops, key=lambda o: (sum(held(o)), -o.index))
+    return Floor(sum(held(op)), op.name, op.label, tuple(held(op)))
 
 
 def per_problem(fn: Callable[Concatenate[Problem, P], T]) -> Callable[Concatenate[Problem, P], T]:
@@ -117,6 +133,8 @@ def analyze(
     name: str = "model",
     progress: Progress | None = None,
     autocast: Autocast | torch.autocast | None = None,
+    loss_head: str | LossHead = "plain",
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Problem:
     """Trace one training step of `model`, time its ops and find its chain of blocks.
 
@@ -133,6 +151,12 @@ def analyze(
     autocast: the mixed-precision state the step runs under, recorded with the plan: None
     reads the caller's (`with torch.autocast("cuda", torch.bfloat16): core.analyze(...)`), or
     pass `torch.autocast(...)` itself. The planned module refuses calls under another state.
+    loss_head: "plain" (the step as written), "chunked" (an LM head's linear + cross-entropy
+    over chunks of rows, below the floor: docs/floor.md; `LossHead("chunked", rows)` sets the
+    rows per chunk) or "auto" (chunked where that lowers the floor).
+    optimizer: a torch.optim SGD, Adam or AdamW to run inside the step: each parameter is
+    updated as soon as its gradient is complete and the gradient freed; the planned module
+    then updates the parameters itself (call no optimizer.step(); .grad stays None).
     """
     report = progress or (lambda stage, frac: None)
     report("tracing", 0.0)
@@ -144,8 +168,11 @@ def analyze(
             "argument, or compute the loss inside the model",
         )
     state = autocast if isinstance(autocast, Autocast) else Autocast.of(autocast)
-    trace = capture(model, args, kwargs, loss_fn, targets, state)
-    graph = build_graph(trace)
+    opt = None
+    if optimizer is not None:
+        opt = OptimizerStep(optimizer, [p for p in model.parameters() if p.requires_grad])
+    step = (args, kwargs, loss_fn, targets)
+    trace, graph, head = _traced(model, step, state, loss_head, opt)
     report("costs", 0.3)
     if costs == "measured":
         on = _device_name(model)
@@ -165,19 +192,81 @@ def analyze(
     blocks, block_of_op = find_blocks(graph)
     store_all = simulate(graph, block_of_op, *store_all_program(graph))
     report("done", 1.0)
+    meta = graph_meta(trace)
+    if head.to_data() is not None:
+        meta["loss_head"] = head.to_data()
     return Problem(
         graph,
         blocks,
         block_of_op,
         cost_name,
         fingerprint(trace),
-        graph_meta(trace),
+        meta,
         store_all.peak,
         sum(op.time for op in graph.ops),
         name,
         weakref.ref(model),
         loss_fn,
+        opt,
     )
+
+
+def _traced(
+    model: nn.Module,
+    step: tuple,
+    state: Autocast,
+    loss_head: str | LossHead,
+    opt: OptimizerStep | None = None,
+) -> tuple[Trace, Graph, LossHead]:
+    """The step traced with its loss head as `loss_head` asks: (trace, graph, the head used).
+    `step` is (args, kwargs, loss_fn, targets)."""
+    if isinstance(loss_head, str):
+        if loss_head not in ("plain", "chunked", "auto"):
+            raise ValueError(f"unknown loss_head {loss_head!r}: use 'plain', 'chunked' or 'auto'")
+        head = LossHead("chunked") if loss_head != "plain" else PLAIN
+    else:
+        head = loss_head
+    args, kwargs, loss_fn, targets = step
+    mode = LossHeadMode(head)
+    trace = capture(model, args, kwargs, loss_fn, targets, state, mode, opt)
+    graph = build_graph(trace)
+    if head.kind == "plain":
+        return trace, graph, head
+    chunked = bool(mode.found) and not _full_logits_survive(graph, mode)
+    if chunked and loss_head != "auto":
+        return trace, graph, head
+    if loss_head == "auto":
+        if not mode.found:  # nothing substituted: this trace is the plain one
+            return trace, graph, PLAIN
+        plain = capture(model, args, kwargs, loss_fn, targets, state, None, opt)
+        plain_graph = build_graph(plain)
+        if chunked and floor_of(graph).nbytes < floor_of(plain_graph).nbytes:
+            return trace, graph, head
+        return plain, plain_graph, PLAIN
+    raise UnsupportedModel(
+        "loss_head='chunked' on a step with no LM-head loss to chunk",
+        "",
+        "the chunked head needs a linear (F.linear, nn.Linear) whose output, or a view of it "
+        "keeping the last dim, feeds only F.cross_entropy (or F.linear_cross_entropy) over "
+        "that dim: 2-d logits, class-index targets, mean or sum, no class weights or label "
+        "smoothing, no autocast, more rows than one chunk; return only the loss (a loss_fn "
+        "keeping the logits out of the output), or use loss_head='auto' or 'plain'",
+    )
+
+
+def _full_logits_survive(graph: Graph, mode: LossHeadMode) -> bool:
+    """Whether a chunked head's full logits are still computed: the logits are used beyond
+    the loss (returned, or read by another op), so chunking would only add work."""
+    full = {(h.rows, h.classes) for h in mode.found}
+    nodes = graph.trace.nodes
+    for op in graph.ops:
+        for n in op.nodes:
+            node = nodes[n]
+            if node.label in ("aten.mm", "aten.addmm") and node.specs:
+                shape = node.specs[0].shape
+                if len(shape) == 2 and (shape[0], shape[1]) in full:
+                    return True
+    return False
 
 
 def _device_name(model: nn.Module) -> str:

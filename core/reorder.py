@@ -71,6 +71,8 @@ def dependencies(problem: Problem, runs: Sequence[int], n_forward: int) -> Depen
     last_sticky = None  # first run of the latest random op or state update
     state_readers: list[int] = []  # positions reading model state since the last state update
     seen: set[int] = set()
+    updated = {s for op in ops if op.update for s in op.writes}  # by an optimizer in the step
+    readers_of_updated: dict[int, list[int]] = {s: [] for s in updated}
 
     def after(p: int, q: int | None) -> None:
         if q is not None and q != p and (p < n_forward) == (q < n_forward):
@@ -87,6 +89,11 @@ def dependencies(problem: Problem, runs: Sequence[int], n_forward: int) -> Depen
             if values[v].kind == "state":
                 after(p, last_sticky)
                 state_readers.append(p)
+            if v in updated:  # an optimizer's write comes after every read of the old value
+                readers_of_updated[v].append(p)
+        for s in op.writes if op.update else ():
+            for r in readers_of_updated[s]:
+                after(p, r)
         for v in op.outputs:
             old = current.get(v)
             if old is not None:  # a recompute: the old copy's readers come first

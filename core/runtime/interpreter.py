@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
+from core.errors import InvalidPlan
 from core.graph import Graph
 from core.interpret import Call, binding, compile_node
 from core.plan import Plan
@@ -65,10 +66,13 @@ class CompiledProgram:
         self.tangent_prologue = [compile_node(nodes[n]) for n in graph.tangent_prologue]
         self.forward = compiled[:split]
         self.backward = compiled[split:]
+        # the optimizer the step runs (core.optimizer_step), checked before each step
+        self.optimizer_step = plan.problem.optimizer_step if plan.problem is not None else None
 
     def _compile(self, plan: Plan, sim: Simulation | None) -> tuple[list[_Instr], int]:
         """The program's instructions compiled, and where the backward's begin."""
         graph = self.graph
+        _check_updates_last(graph, plan)
         seen: set[int] = set()
         compiled: list[_Instr] = []
         split = 0
@@ -192,6 +196,8 @@ class PlanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner: Runner, n_params: int, *tensors: torch.Tensor):
         program, trace = runner._program, runner._program.graph.trace
+        if program.optimizer_step is not None:
+            program.optimizer_step.check_unchanged()
         env: dict[int, Any] = {}
         state = runner._state_tensors()
         values = list(tensors[:n_params]) + state + list(tensors[n_params:])
@@ -247,6 +253,24 @@ class PlanFunction(torch.autograd.Function):
         for pos, g in zip(trace.grad_inputs, grads[n_params:], strict=True):
             input_grads[pos] = g
         return (None, None, *grads[:n_params], *input_grads)
+
+
+def _check_updates_last(graph: Graph, plan: Plan) -> None:
+    """An optimizer's in-place write of a parameter (or its state) must come after every
+    run reading it, or that run would read the updated value."""
+    written: dict[int, str] = {}
+    for i, (kind, target) in enumerate(plan.program):
+        if kind != RUN:
+            continue
+        op = graph.ops[target]
+        stale = [v for v in op.inputs if v in written and not op.update]
+        if stale:
+            raise InvalidPlan(
+                f"step {i}: {op.name} reads {graph.values[stale[0]].name} after "
+                f"{written[stale[0]]} updated it: make a new plan of this problem"
+            )
+        if op.update:
+            written.update({s: op.name for s in op.writes})
 
 
 def _run_prologue(calls: list[Call], env: dict[int, Any]) -> None:

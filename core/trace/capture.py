@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
@@ -31,6 +31,7 @@ from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
 from core.trace.functionalize import functionalize_late_writes
+from core.trace.loss_head import LossHeadMode
 from core.trace.module_state import ModuleState
 from core.trace.nodes import TensorSpec, Trace
 from core.trace.scope import ModuleScope, guard
@@ -48,13 +49,20 @@ def capture(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     targets: Sequence[torch.Tensor] = (),
     autocast: Autocast = OFF,
+    head: LossHeadMode | None = None,
+    optimizer: OptimizerHooks | None = None,
 ) -> Trace:
     """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
     *targets)` when given) on inputs shaped like these, the forward under `autocast`.
     Non-tensor arguments are bound as they are. The model's own non-reentrant checkpoints
-    run as plain forward ops: the plan decides what to keep and recompute, and replaces them."""
+    run as plain forward ops: the plan decides what to keep and recompute, and replaces them.
+    The forward runs under `head` (default: a plain `LossHeadMode`), which decides how an
+    LM-head loss is computed and lists the heads it met in `head.found`. With `optimizer`
+    (core.optimizer_step), each parameter it updates is updated inside the backward, right
+    where its gradient is complete, and its gradient is not returned."""
+    head = head if head is not None else LossHeadMode()
     with _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
-        trace = _capture(model, args, kwargs, loss_fn, targets)
+        trace = _capture(model, args, kwargs, loss_fn, targets, head, optimizer)
     return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
 
 
@@ -100,6 +108,8 @@ def _capture(
     kwargs: dict[str, Any] | None,
     loss_fn: Callable[..., torch.Tensor] | None,
     targets: Sequence[torch.Tensor],
+    head: LossHeadMode,
+    optimizer: OptimizerHooks | None = None,
 ) -> Trace:
     """Fake the parameters, state and inputs; run the forward once to learn its outputs;
     trace forward and backward together; convert the graph."""
@@ -115,7 +125,7 @@ def _capture(
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
         finputs = _distinct([_fake(fake_mode, x) for x in inputs])
-    forward = _forward_fn(model, params + state, call, loss_fn)
+    forward = _forward_fn(model, params + state, call, loss_fn, head)
 
     with ModuleScope(model) as scope, fake_mode:
         out = guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -124,9 +134,12 @@ def _capture(
         ftangents = [torch.empty_like(leaves[i]) for i in diff]
 
     step = _joint_step(forward, (len(params), len(state), len(inputs)), diff, grad_inputs)
+    if optimizer is not None:
+        step = _with_updates(step, len(params), optimizer)
     with ModuleScope(model) as scope, fake_mode:
         flat = [*fparams, *fstate, *finputs, *ftangents]
         gm = guard(scope, lambda: make_fx(step, record_stack_traces=True)(*flat))
+        _one_node_per_constant(gm.graph)
         functionalize_late_writes(gm.graph)
 
     roles = ["param"] * len(params) + ["state"] * len(state) + ["input"] * len(inputs)
@@ -156,17 +169,22 @@ def _check_targets(targets: Sequence[Any]) -> None:
 
 
 def _forward_fn(
-    model: nn.Module, tensors: Named, call: CallSpec, loss_fn: Callable[..., Any] | None
+    model: nn.Module,
+    tensors: Named,
+    call: CallSpec,
+    loss_fn: Callable[..., Any] | None,
+    head: LossHeadMode,
 ) -> Forward:
     """forward(params, state, inputs): the model (then the loss) on these tensors in place of
-    its own parameters and buffers, called as `call` says."""
+    its own parameters and buffers, called as `call` says, under the loss-head mode `head`."""
     names = [n for n, _ in tensors]
 
     def forward(ps: Sequence, ss: Sequence, xs: Sequence) -> Any:
         substitutes = dict(zip(names, [*ps, *ss], strict=True))
         args, kwargs, targets = join_call(xs, call)
-        out = functional_call(model, substitutes, args, kwargs)
-        return out if loss_fn is None else _loss(loss_fn, out, targets)
+        with head:
+            out = functional_call(model, substitutes, args, kwargs)
+            return out if loss_fn is None else _loss(loss_fn, out, targets)
 
     return forward
 
@@ -191,6 +209,46 @@ def _joint_step(
         return list(leaves), list(grads)
 
     return step
+
+
+def _one_node_per_constant(graph: torch.fx.Graph) -> None:
+    """make_fx reads a lifted constant anew at each use (one get_attr node each, each with
+    its own fake storage); keep the first, so a constant written in place (an optimizer's
+    state) is one storage whose writes later reads see."""
+    first: dict[str, torch.fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and isinstance(node.target, str):
+            if node.target in first:
+                node.replace_all_uses_with(first[node.target])
+                graph.erase_node(node)
+            else:
+                first[node.target] = node
+
+
+class OptimizerHooks(Protocol):
+    """What the capture needs of an optimizer run inside the step (core.optimizer_step)."""
+
+    def updates(self, i: int) -> bool: ...
+
+    def hook(self, i: int, param: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+
+def _with_updates(
+    step: Callable[..., tuple[list, list]], n_params: int, optimizer: OptimizerHooks
+) -> Callable[..., tuple[list, list]]:
+    """`step` with each updated parameter's update hooked on its gradient (traced where
+    autograd completes it) and its gradient dropped from the step's results."""
+
+    def stepped(*flat: torch.Tensor) -> tuple[list, list]:
+        for i in range(n_params):
+            if optimizer.updates(i):
+                flat[i].register_hook(optimizer.hook(i, flat[i]))
+        outputs, grads = step(*flat)
+        return outputs, [
+            None if i < n_params and optimizer.updates(i) else g for i, g in enumerate(grads)
+        ]
+
+    return stepped
 
 
 @contextlib.contextmanager

@@ -1,0 +1,291 @@
+"""The LM-head loss, chunked over rows: a planner choice that goes below the floor.
+
+A language model's last linear (`lm_head`) feeding a cross-entropy over its last dim makes
+the step's largest tensors: the logits, their log-softmax and its gradient, rows x vocabulary
+each, all alive at once in the log-softmax backward. `LossHeadMode`, entered while a step is
+traced (or run eagerly), finds that pattern at the Python level (`F.linear` whose output, or
+a view of it keeping the last dim, goes to `F.cross_entropy`) and substitutes
+`ChunkedHead`: the head's matmul and the loss over chunks of rows, each chunk's logits freed
+after its loss, and recomputed chunk by chunk in the backward (one more head matmul in all).
+The chunked form is made of ordinary ATen ops, so it is traced, simulated, solved and run
+like any other part of the step.
+
+Numerics: each row's log-softmax and its gradient are the same ATen ops on the same row, so
+they are bit-identical; the input gradient of a chunk is a row block of the same matmul
+(bit-identical when the chunk's rows suit the matmul kernel, see docs/floor.md); the head's
+weight and bias gradients and the loss are summed chunk by chunk, so they differ from the
+unchunked step by summation order.
+
+Models that call `F.linear_cross_entropy` themselves are traced through it: its chunked path
+is one opaque custom op whose buffers no trace sees, so the mode runs its reference path
+(plain) or `ChunkedHead` (chunked) instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+aten = torch.ops.aten
+_REDUCTIONS = {"sum": 2, "mean": 1}  # ATen's reduction enum
+_VIEWS = {
+    torch.Tensor.view,
+    torch.Tensor.reshape,
+    torch.reshape,
+    torch.Tensor.flatten,
+    torch.flatten,
+    torch.Tensor.contiguous,
+}
+
+
+@dataclass(frozen=True)
+class LossHead:
+    """How a step computes an LM-head loss: "plain" (as the model writes it) or "chunked"
+    (`rows` rows per chunk; None: `default_rows`)."""
+
+    kind: str = "plain"
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("plain", "chunked"):
+            raise ValueError(f"unknown loss head {self.kind!r}: use 'plain' or 'chunked'")
+        if self.rows is not None and (not isinstance(self.rows, int) or self.rows < 1):
+            raise ValueError(f"rows per chunk must be a positive int or None, not {self.rows!r}")
+
+    def to_data(self) -> dict[str, Any] | None:
+        """What a plan file records (None: plain, recorded by omission)."""
+        return None if self.kind == "plain" else {"kind": self.kind, "rows": self.rows}
+
+    @staticmethod
+    def from_data(data: dict[str, Any] | None) -> LossHead:
+        """The head `to_data` wrote."""
+        return PLAIN if data is None else LossHead(str(data["kind"]), data["rows"])
+
+
+PLAIN = LossHead()
+
+
+@dataclass(frozen=True)
+class Head:
+    """One LM head the mode found: its shape and what it did with it."""
+
+    rows: int  # N: tokens
+    features: int  # d
+    classes: int  # V
+    chunk_rows: int  # 0 when left plain
+    logits_bytes: int  # the full logits, rows x classes
+
+
+def default_rows(n: int, d: int, v: int) -> int:
+    """Rows per chunk: the largest power of two at most max(d, 64), so a chunk's logits
+    are no larger than the head's weight (V x d); at least 64 rows, a size the matmul
+    kernels handle as they handle the whole."""
+    cap = max(d, 64)
+    return min(n, 1 << (cap.bit_length() - 1))
+
+
+class ChunkedHead(torch.autograd.Function):
+    """loss = cross_entropy(x @ w.T + b, target) over chunks of `rows` rows of x (N x d)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        target: torch.Tensor,
+        rows: int,
+        reduction: int,
+        ignore_index: int,
+    ) -> torch.Tensor:
+        total = count = None
+        for start in range(0, x.shape[0], rows):
+            logp = _log_probs(x[start : start + rows], weight, bias)
+            part, n = aten.nll_loss_forward(
+                logp, target[start : start + rows], None, 2, ignore_index
+            )
+            del logp
+            total = part if total is None else aten.add(total, part)
+            count = n if count is None else aten.add(count, n)
+        assert total is not None and count is not None
+        ctx.save_for_backward(x, weight, bias, target, count)
+        ctx.rows, ctx.reduction, ctx.ignore_index = rows, reduction, ignore_index
+        return aten.div(total, count) if reduction == 1 else total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight, bias, target, count = ctx.saved_tensors
+        rows, need = ctx.rows, ctx.needs_input_grad
+        parts: list[torch.Tensor] = []
+        grad_wt = grad_b = None  # the weight's gradient transposed (d x V), as eager's mm
+        for start in range(0, x.shape[0], rows):
+            xc, tc = x[start : start + rows], target[start : start + rows]
+            logp = _log_probs(xc, weight, bias)
+            g = aten.nll_loss_backward(grad, logp, tc, None, ctx.reduction, ctx.ignore_index, count)
+            gl = aten._log_softmax_backward_data(g, logp, 1, logp.dtype)
+            del g, logp
+            if need[0]:
+                parts.append(aten.mm(gl, weight))
+            if need[1]:
+                xt = aten.t(xc)
+                grad_wt = aten.mm(xt, gl) if grad_wt is None else aten.addmm(grad_wt, xt, gl)
+            if bias is not None and need[2]:
+                s = aten.sum(gl, [0])
+                grad_b = s if grad_b is None else aten.add(grad_b, s)
+            del gl
+        grad_x = aten.cat(parts) if need[0] else None
+        grad_w = aten.t(grad_wt) if grad_wt is not None else None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _log_probs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """log_softmax(x @ w.T + b) with the ATen ops `F.linear` and `F.cross_entropy` use."""
+    wt = aten.t(weight)
+    logits = aten.mm(x, wt) if bias is None else aten.addmm(bias, x, wt)
+    return aten._log_softmax(logits, 1, False)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """A tracked linear output: what made it, and the leading dims the logits now have."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    lead: tuple[int, ...]
+
+    def rows(self) -> torch.Tensor:
+        """x shaped as the logits' leading dims (a view where x is contiguous)."""
+        return self.x if tuple(self.x.shape[:-1]) == self.lead else self.x.reshape(*self.lead, -1)
+
+
+class LossHeadMode(TorchFunctionMode):
+    """Within it, LM-head losses run as `head` says; `found` lists the heads met."""
+
+    def __init__(self, head: LossHead = PLAIN) -> None:
+        super().__init__()
+        self.head = head
+        self.found: list[Head] = []
+        self._linears: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __enter__(self) -> LossHeadMode:
+        """Each entry starts afresh: a step traced twice reports its heads once."""
+        self.found = []
+        self._linears = WeakIdKeyDictionary()
+        return super().__enter__()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear_cross_entropy:
+            return self._linear_cross_entropy(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.head.kind == "plain":
+            return out
+        if func is F.linear and isinstance(out, torch.Tensor):
+            x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            self._linears[out] = _Linear(x, weight, bias, tuple(out.shape[:-1]))
+        elif func in _VIEWS and args and args[0] in self._linears and isinstance(out, torch.Tensor):
+            src = self._linears[args[0]]
+            if out.dim() >= 1 and out.shape[-1] == src.weight.shape[0]:
+                lead = tuple(out.shape[:-1])
+                self._linears[out] = _Linear(src.x, src.weight, src.bias, lead)
+        elif func is F.cross_entropy and args and args[0] in self._linears:
+            chunked = self._chunked(self._linears[args[0]], *args[1:], **kwargs)
+            if chunked is not None:
+                return chunked
+        return out
+
+    def _chunked(
+        self,
+        lin: _Linear,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        size_average: Any = None,
+        ignore_index: int = -100,
+        reduce: Any = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor | None:
+        """The chunked loss of a tracked head, or None where the form does not apply."""
+        if (
+            len(lin.lead) != 1
+            or lin.weight.dim() != 2
+            or lin.x.shape[-1] != lin.weight.shape[1]
+            or weight is not None
+            or size_average is not None
+            or reduce is not None
+            or reduction not in _REDUCTIONS
+            or label_smoothing != 0.0
+            or target.dtype != torch.int64
+            or tuple(target.shape) != lin.lead
+            or _autocast_on(lin.x.device)
+        ):
+            return None
+        x = lin.rows()
+        n, d = x.shape
+        v = lin.weight.shape[0]
+        rows = self.head.rows or default_rows(n, d, v)
+        if rows >= n:
+            return None
+        self.found.append(Head(n, d, v, rows, n * v * x.element_size()))
+        return ChunkedHead.apply(
+            x, lin.weight, lin.bias, target, rows, _REDUCTIONS[reduction], ignore_index
+        )
+
+    def _linear_cross_entropy(
+        self,
+        input: torch.Tensor,
+        linear_weight: torch.Tensor,
+        target: torch.Tensor,
+        *,
+        linear_bias: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
+        reduction: str = "mean",
+        ignore_index: int | None = None,
+        label_smoothing: float = 0.0,
+        options: Any = None,
+    ) -> torch.Tensor:
+        """`F.linear_cross_entropy` as traceable ops: chunked where the head is, else its
+        reference path (`options=None`), never the opaque chunked custom op."""
+        kw = dict(reduction=reduction, label_smoothing=label_smoothing)
+        if self.head.kind != "plain" and input.dim() == 2:
+            lin = _Linear(input, linear_weight, linear_bias, tuple(input.shape[:-1]))
+            ii = -100 if ignore_index is None else ignore_index
+            chunked = self._chunked(lin, target, weight, ignore_index=ii, **kw)  # type: ignore[arg-type]
+            if chunked is not None:
+                return chunked
+        return F.linear_cross_entropy(
+            input,
+            linear_weight,
+            target,
+            linear_bias=linear_bias,
+            weight=weight,
+            ignore_index=ignore_index,
+            options=None,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is on for `device` (never for devices autocast has no key for, such
+    as meta)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:
+        return False
+
+
+@contextlib.contextmanager
+def chunked_head(head: LossHead = LossHead("chunked")) -> Iterator[LossHeadMode]:
+    """Run eager code with its LM-head losses as `head` says: the eager twin of a step
+    analysed with `core.analyze(..., loss_head="chunked")`, for comparing numbers."""
+    with LossHeadMode(head) as mode:
+        yield mode
