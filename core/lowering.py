@@ -18,6 +18,7 @@ import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from core.errors import InvalidPlan
+from core.graph import Graph
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
 from core.simulator import OFFLOAD, PREFETCH
@@ -83,10 +84,14 @@ def lower(plan: Plan) -> Lowering:
                 "than twice; checkpoint recomputes them once"
             )
         regions.append(_region(problem, block.index, module, kept, len(recomputed)))
+    held = python_held(problem)
     native = native_program(
         problem.graph,
-        [Checkpointed(r.forward_nodes, r.cached) for r in regions],
-        python_drops(problem),
+        [
+            Checkpointed(r.forward_nodes, r.cached, held.passed.get(r.module, frozenset()))
+            for r in regions
+        ],
+        held.dropped,
     )
     walked = native.walk(problem.graph)
     base = problem.store_all_time
@@ -94,30 +99,49 @@ def lower(plan: Plan) -> Lowering:
     return Lowering(tuple(regions), tuple(notes), prediction, native.recomputed_ops)
 
 
+@dataclass(frozen=True)
+class PythonHeld:
+    """What the model's Python code holds, in graph values (`core.trace.lifetimes`):
+    `dropped` maps a forward value to the forward op after which Python drops it; `passed`
+    maps a submodule to the values it is called with."""
+
+    dropped: dict[int, int]
+    passed: dict[str, frozenset[int]]
+
+
 @per_problem
-def python_drops(problem: Problem) -> dict[int, int]:
-    """Forward value -> the forward op after which the model's Python code drops it
-    (`core.trace.lifetimes`, run once per problem); empty when the model is gone (values
-    are then taken as dropped after their last read)."""
+def python_held(problem: Problem) -> PythonHeld:
+    """The model's Python lifetimes, run once per problem; empty when the model is gone
+    (values are then taken as dropped after their last read, a region's frame as holding
+    the outer values its ops read)."""
     model = problem.model_ref() if problem.model_ref is not None else None
     if model is None:
-        return {}
+        return PythonHeld({}, {})
     graph = problem.graph
     trace = graph.trace
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     starts = sorted((graph.ops[o].nodes[0], o) for o in graph.forward_ops)
     firsts = [n for n, _ in starts]
+    lifetimes = python_lifetimes(model, trace, problem.loss_fn)
     out: dict[int, int] = {}
-    for made, dropped in python_lifetimes(model, trace, problem.loss_fn).items():
+    for made, dropped in lifetimes.dropped.items():
         o = op_of.get(made)
         k = bisect.bisect_right(firsts, dropped) - 1
         if o is None or k < 0:
             continue
         ran = max(o2 for _, o2 in starts[: k + 1])
-        for v in trace.nodes[made].storages:
-            if v in graph.ops[o].outputs:
-                out[v] = ran
-    return out
+        for v in _made_values(graph, made, o):
+            out[v] = ran
+    passed = {
+        name: frozenset(v for n in nodes if n in op_of for v in _made_values(graph, n, op_of[n]))
+        for name, nodes in lifetimes.passed.items()
+    }
+    return PythonHeld(out, passed)
+
+
+def _made_values(graph: Graph, node: int, op: int) -> list[int]:
+    """The values of graph op `op` that traced node `node` returns storages of."""
+    return [v for v in graph.trace.nodes[node].storages if v in graph.ops[op].outputs]
 
 
 def _module_nodes(problem: Problem, module: str) -> list[int]:
