@@ -21,7 +21,14 @@ measured step by tests:
   drops the others after their last read in the recompute.
 
 A backward op belongs to the autograd node whose sequence number its first traced node
-carries; that node was made by the first forward node with that number.
+carries; that node was made by the first forward node with that number. A node's call (a
+stretch of ops with one number) holds its incoming gradients and saved tensors until it
+ends; a tensor unpacked from a checkpoint or from the host dies when the formula returns,
+before `validate_outputs`' trailing sums.
+
+Offloads (saved-tensor hooks, `core.runtime.native_offload`): an offloaded value is packed
+to the host when autograd saves it, so only Python holds its device storage; each node
+call that reads it copies it back first into a fresh device storage.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.graph import Graph
-from core.simulator.program import FREE, RUN, Instruction, step_values
+from core.simulator.program import FREE, RUN, Instruction, Link, step_values
 from core.simulator.walker import Walk, walk
 
 
@@ -94,11 +101,17 @@ class _Region:
 
 
 def native_program(
-    graph: Graph, regions: Sequence[Checkpointed], dropped: dict[int, int] | None = None
+    graph: Graph,
+    regions: Sequence[Checkpointed],
+    dropped: dict[int, int] | None = None,
+    offloaded: frozenset[int] = frozenset(),
+    link: Link | None = None,
 ) -> NativeProgram:
     """The native program of `graph` with `regions` checkpointed (the rules above).
     `dropped`: forward value -> the forward op after which the model's Python code drops it
-    (`core.trace.lifetimes`); a value missing is dropped after its last forward read."""
+    (`core.trace.lifetimes`); a value missing is dropped after its last forward read.
+    `offloaded`: values made and read outside every region that saved-tensor hooks move to
+    the host, their copies timed over `link` (untimed without one)."""
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
@@ -127,7 +140,8 @@ def native_program(
             part = parts[owner[b]]
             part.saving.add(b)
             part.stop = max(part.stop, op_of[made])
-    return _Builder(graph, parts, owner, calls, dropped or {}).build()
+    builder = _Builder(graph, parts, owner, calls, dropped or {})
+    return builder.build(_Offloads(offloaded, link))
 
 
 @dataclass(frozen=True)
@@ -176,6 +190,19 @@ def _ops_in(region: Checkpointed, graph: Graph) -> list[int]:
     return [o for o in graph.forward_ops if graph.ops[o].nodes[0] in region.nodes]
 
 
+@dataclass(frozen=True)
+class _Offloads:
+    """Values the saved-tensor hooks move to the host and the link timing their copies."""
+
+    values: frozenset[int]
+    link: Link | None
+
+    def time(self, nbytes: int, to_host: bool) -> float:
+        if self.link is None:
+            return 0.0
+        return nbytes / (self.link.d2h if to_host else self.link.h2d)
+
+
 class _Builder:
     """Run positions, copies and each value's release position, then the program."""
 
@@ -214,12 +241,16 @@ class _Builder:
         if v in self.release:
             self.release[v] = max(self.release[v], pos)
 
-    def build(self) -> NativeProgram:
+    def build(self, offloads: _Offloads) -> NativeProgram:
         graph, parts = self.graph, self.parts
         at: dict[int, int] = {}
         for o in graph.forward_ops:
             at[o] = len(self.runs)
             self._run(o)
+            for v in graph.ops[o].outputs:
+                if v in offloads.values:  # packed: copied to the host, autograd holds that
+                    self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
+        first = {call.ops[0]: call for call in self.calls}
         n_forward = len(self.runs)
         for v, o in self.dropped.items():
             if o in at:
@@ -231,13 +262,19 @@ class _Builder:
         for r, p in enumerate(parts):
             if not p.saving:  # nothing saved: the frame dies when the forward leaves it
                 death[r] = max((at[o] for o in p.ops), default=-1)
+        unpacked: dict[int, int] = {}  # offloaded value -> its copy back in this call
         for b in graph.backward_ops:
             reg = self.owner.get(b)
             if reg is not None and reg not in copies and b in parts[reg].saving:
                 copies[reg] = self._recompute(reg)
+            if b in first:
+                unpacked = self._unpack(first[b], offloads)
             op = graph.ops[b]
             if reg is not None and reg in copies:
                 inputs = tuple(copies[reg].get(v, v) for v in op.inputs)
+                self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
+            elif unpacked:
+                inputs = tuple(unpacked.get(v, v) for v in op.inputs)
                 self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
             self._run(b)
             self.at[b] = len(self.runs) - 1
@@ -247,6 +284,24 @@ class _Builder:
             self._frame_holds(r, p, region_of_op, death[r])
         self._node_holds()
         return self._program(n_forward)
+
+    def _extra(self, op: NativeOp) -> None:
+        """Run an op that is no graph op's run: a pack or an unpack of an offloaded value."""
+        self.ops.append(op)
+        self._run(len(self.ops) - 1)
+
+    def _unpack(self, call: Call, offloads: _Offloads) -> dict[int, int]:
+        """At the start of `call`, each offloaded value its ops read is copied back to a
+        fresh device storage (one per call: the hooks share it while it lives)."""
+        graph = self.graph
+        out: dict[int, int] = {}
+        for b in call.ops:
+            for v in graph.ops[b].inputs:
+                if v in offloads.values and v not in out:
+                    out[v] = self._new_value(v)
+                    time = offloads.time(self.sizes[v], False)
+                    self._extra(NativeOp((), (out[v],), time, graph.values[v].producer or 0))
+        return out
 
     def _node_holds(self) -> None:
         """A node's call holds what it reads: its incoming gradients and (outside every
@@ -258,11 +313,12 @@ class _Builder:
             end = self.at[call.ops[-1]]
             formula_end = self.at[call.ops[call.formula - 1]]
             for b in call.ops:
-                unpacked = b in self.owner
+                region = b in self.owner
                 for v in self.ops[b].inputs:
                     if v in made:
                         continue
-                    self._hold(v, formula_end if unpacked and self._forward_value(v) else end)
+                    local = v >= len(self.graph.values) or (region and self._forward_value(v))
+                    self._hold(v, formula_end if local else end)
 
     def _forward_value(self, v: int) -> bool:
         """A value the forward (or a recompute) made: a saved tensor, not a gradient."""
