@@ -75,12 +75,14 @@ def test_native_prediction_is_measured_gpt_small_6l():
     _check_predicted("gpt-small-6l")
 
 
+@pytest.mark.slow
 def test_native_prediction_is_measured_hf_gpt2():
     """GPT-2's tanh GELU: a MulBackward0 node holds the tensor its first mul read until its
     second mul has run (autograd frees a node's saved tensors after its call)."""
     _check_predicted("hf-gpt2")
 
 
+@pytest.mark.slow
 def test_native_prediction_is_measured_hf_llama():
     """Llama's layers are called with `position_ids` and never read it: the checkpoint
     frame holds it until the layer's backward is done."""
