@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
-from core.errors import InvalidPlan
+from core.graph import Graph
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
-from core.simulator import OFFLOAD, PREFETCH
+from core.simulator import OFFLOAD
 from core.simulator.native import Checkpointed, native_program
 from core.trace.lifetimes import python_lifetimes
 
@@ -48,19 +48,18 @@ class Lowering:
     notes: tuple[str, ...]
     prediction: Prediction  # the native step's peak and time, simulated (not the plan's)
     recomputed_ops: int  # op runs the checkpoints' recomputes add
+    # values moved to the host through saved-tensor hooks: value -> the traced forward node
+    # that makes its storage (`core.runtime.native_offload` finds it as that node runs)
+    offloads: tuple[tuple[int, int], ...] = ()
 
 
 def lower(plan: Plan) -> Lowering:
-    """The regions and notes of `plan` (bound to its problem) under native execution.
-    InvalidPlan when the plan offloads (native execution does not move values yet)."""
+    """The regions, offloads and notes of `plan` (bound to its problem) under native
+    execution, with the native step's prediction."""
     problem = plan.attached_problem()
-    if any(kind in (OFFLOAD, PREFETCH) for kind, _ in plan.program):
-        raise InvalidPlan(
-            "this plan offloads activations to the host; native execution does not express "
-            "offloads yet: apply it with runtime='interpreter', or make a plan without offload"
-        )
     sim = plan.simulate()
-    kept = sim.live_after(plan.backward_start - 1)
+    offloaded = {v for kind, v in plan.program if kind == OFFLOAD}
+    kept = sim.live_after(plan.backward_start - 1) | offloaded
     runs = {o: len(steps) for o, steps in sim.op_steps.items()}
     regions: list[Region] = []
     notes: list[str] = []
@@ -83,41 +82,104 @@ def lower(plan: Plan) -> Lowering:
                 "than twice; checkpoint recomputes them once"
             )
         regions.append(_region(problem, block.index, module, kept, len(recomputed)))
+    held = python_held(problem)
+    checkpointed = [
+        Checkpointed(r.forward_nodes, r.cached, held.passed.get(r.module, frozenset()))
+        for r in regions
+    ]
+    offloads = _offloads(problem, offloaded, checkpointed, notes)
     native = native_program(
-        problem.graph,
-        [Checkpointed(r.forward_nodes, r.cached) for r in regions],
-        python_drops(problem),
+        problem.graph, checkpointed, held.dropped, frozenset(v for v, _ in offloads), problem.link
     )
     walked = native.walk(problem.graph)
     base = problem.store_all_time
     prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
-    return Lowering(tuple(regions), tuple(notes), prediction, native.recomputed_ops)
+    return Lowering(tuple(regions), tuple(notes), prediction, native.recomputed_ops, offloads)
+
+
+def _offloads(
+    problem: Problem, offloaded: set[int], regions: list[Checkpointed], notes: list[str]
+) -> tuple[tuple[int, int], ...]:
+    """(value, the traced node making its storage) of each offloaded value the saved-tensor
+    hooks can move: one made outside every checkpointed region and passed to none (inside,
+    checkpoint's own hooks pack the saved tensors, and selective checkpoint's cache keeps
+    its entries on the device: those values stay there, a note says how many)."""
+    graph = problem.graph
+    inside = {n for r in regions for n in r.nodes}
+    passed = {v for r in regions for v in r.inputs}
+    out: list[tuple[int, int]] = []
+    stay = 0
+    for v in sorted(offloaded):
+        producer = graph.values[v].producer
+        node = (
+            next((n for n in graph.ops[producer].nodes if v in graph.trace.nodes[n].storages), None)
+            if producer is not None
+            else None
+        )
+        if node is None or node in inside or v in passed or _read_inside(graph, v, inside):
+            stay += 1
+        else:
+            out.append((v, node))
+    if stay:
+        notes.append(
+            f"{stay} of the {len(offloaded)} values the plan offloads are made or read inside "
+            "a checkpointed layer: native execution keeps them on the device"
+        )
+    return tuple(out)
+
+
+def _read_inside(graph: Graph, v: int, inside: set[int]) -> bool:
+    """Whether a forward op run inside a checkpointed region reads `v` (its frame or its
+    recompute would hold it)."""
+    return any(
+        graph.ops[o].phase == "forward" and graph.ops[o].nodes[0] in inside
+        for o in graph.values[v].consumers
+    )
+
+
+@dataclass(frozen=True)
+class PythonHeld:
+    """What the model's Python code holds, in graph values (`core.trace.lifetimes`):
+    `dropped` maps a forward value to the forward op after which Python drops it; `passed`
+    maps a submodule to the values it is called with."""
+
+    dropped: dict[int, int]
+    passed: dict[str, frozenset[int]]
 
 
 @per_problem
-def python_drops(problem: Problem) -> dict[int, int]:
-    """Forward value -> the forward op after which the model's Python code drops it
-    (`core.trace.lifetimes`, run once per problem); empty when the model is gone (values
-    are then taken as dropped after their last read)."""
+def python_held(problem: Problem) -> PythonHeld:
+    """The model's Python lifetimes, run once per problem; empty when the model is gone
+    (values are then taken as dropped after their last read, a region's frame as holding
+    the outer values its ops read)."""
     model = problem.model_ref() if problem.model_ref is not None else None
     if model is None:
-        return {}
+        return PythonHeld({}, {})
     graph = problem.graph
     trace = graph.trace
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     starts = sorted((graph.ops[o].nodes[0], o) for o in graph.forward_ops)
     firsts = [n for n, _ in starts]
+    lifetimes = python_lifetimes(model, trace, problem.loss_fn)
     out: dict[int, int] = {}
-    for made, dropped in python_lifetimes(model, trace, problem.loss_fn).items():
+    for made, dropped in lifetimes.dropped.items():
         o = op_of.get(made)
         k = bisect.bisect_right(firsts, dropped) - 1
         if o is None or k < 0:
             continue
         ran = max(o2 for _, o2 in starts[: k + 1])
-        for v in trace.nodes[made].storages:
-            if v in graph.ops[o].outputs:
-                out[v] = ran
-    return out
+        for v in _made_values(graph, made, o):
+            out[v] = ran
+    passed = {
+        name: frozenset(v for n in nodes if n in op_of for v in _made_values(graph, n, op_of[n]))
+        for name, nodes in lifetimes.passed.items()
+    }
+    return PythonHeld(out, passed)
+
+
+def _made_values(graph: Graph, node: int, op: int) -> list[int]:
+    """The values of graph op `op` that traced node `node` returns storages of."""
+    return [v for v in graph.trace.nodes[node].storages if v in graph.ops[op].outputs]
 
 
 def _module_nodes(problem: Problem, module: str) -> list[int]:

@@ -14,11 +14,13 @@ from core.lowering import lower
 from core.runtime.native import native_handle
 
 
-def _check_predicted(name: str, plans: dict | None = None) -> None:
-    model, args, kwargs, loss_fn, targets = _case(name)
+def _check_predicted(name: str, plans: dict | None = None, case: tuple | None = None) -> None:
+    model, args, kwargs, loss_fn, targets = case or _case(name)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     problem = core.analyze(model, args, kwargs, loss_fn, targets)
     _, eager_loss, eager_grads = _step(model, model, args, kwargs, loss_fn, targets)
+    if callable(plans):
+        plans = plans(problem)
     for label, plan in (plans or _plans(problem)).items():
         model.load_state_dict(state)
         predicted = lower(plan).prediction
@@ -71,3 +73,67 @@ def core_build(name: str):
 @pytest.mark.slow
 def test_native_prediction_is_measured_gpt_small_6l():
     _check_predicted("gpt-small-6l")
+
+
+@pytest.mark.slow
+def test_native_prediction_is_measured_hf_gpt2():
+    """GPT-2's tanh GELU: a MulBackward0 node holds the tensor its first mul read until its
+    second mul has run (autograd frees a node's saved tensors after its call)."""
+    _check_predicted("hf-gpt2")
+
+
+@pytest.mark.slow
+def test_native_prediction_is_measured_hf_llama():
+    """Llama's layers are called with `position_ids` and never read it: the checkpoint
+    frame holds it until the layer's backward is done."""
+    _check_predicted("hf-llama")
+
+
+def _offloading(problem) -> dict:
+    """store-all and rockmate at 50% with their 3 largest kept activations forced to the
+    host, and the offload solver's plan at 50%."""
+    from helpers import forced
+
+    plans = {}
+    for label, base in _plans(problem).items():
+        if label in ("store_all", "rockmate_50"):
+            f = forced(problem, base, 3)
+            plans[label + "+3 offloads"] = base.replace(
+                program=f.program, backward_start=f.backward_start, method="forced"
+            )
+    plans["offload 50%"] = core.solve(problem, problem.store_all_peak // 2, method="offload")
+    for label, plan in plans.items():
+        assert lower(plan).offloads, label  # saved-tensor hooks move something
+    return plans
+
+
+def test_native_offloads_are_measured_gpt_tiny():
+    """A plan's offloads run as saved-tensor hooks: measured = the native prediction, which
+    is below store-all's; gradients equal."""
+    _check_predicted("gpt-tiny", _offloading)
+
+
+def _hf_12(builder):
+    case = builder(layers=12)
+    return case.model, case.args, {**case.kwargs, "use_cache": False}, case.loss_fn, case.targets
+
+
+def _native_50_and_min(problem) -> dict:
+    try:
+        core.solve(problem, 1, method="native")
+        raise AssertionError("a 1-byte budget fits")
+    except core.InfeasibleBudget as e:
+        least = e.minimum
+    return {
+        "native 50%": core.solve(problem, problem.store_all_peak // 2, method="native"),
+        "native min": core.solve(problem, least, method="native"),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_native_method_is_measured_hf_12_layers(model):
+    from sample_models import hf_zoo
+
+    builder = {"gpt2": hf_zoo.gpt2, "llama": hf_zoo.llama}[model]
+    _check_predicted(f"hf-{model}-12l", _native_50_and_min, _hf_12(builder))

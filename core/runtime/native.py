@@ -21,11 +21,13 @@ computes it in its root forward) runs as eager does; a plan running a forward op
 twice (Rotor's repeated forwards) recomputes it once; checkpoint recomputes a region when its
 first saved value is unpacked, up to the last one needed (early stop), not op by op as the
 plan's program does, so the measured peak differs from the plan's prediction (see
-docs/native.md). Offloading plans are refused (InvalidPlan).
+docs/native.md). A plan's offloads outside the checkpointed layers run as saved-tensor hooks
+(`core.runtime.native_offload`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +43,7 @@ from torch.utils.checkpoint import (
 from core.errors import PlanMismatch
 from core.lowering import Lowering, Region, lower
 from core.plan import Plan, Prediction
+from core.runtime.native_offload import NativeOffload
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
@@ -127,6 +130,10 @@ class NativeHandle:
             sub = model.get_submodule(region.module)
             self._restore.append((sub, sub.__dict__.get("forward")))
             sub.forward = _wrapped(region, sub.forward)
+        self.offload = NativeOffload(plan, lowering) if lowering.offloads else None
+        if self.offload is not None:  # the hooks around the whole forward
+            self._restore.append((model, model.__dict__.get("forward")))
+            model.forward = self.offload.wrap(model.forward)
         self._model = model
         setattr(model, _MARK, self)
 
@@ -162,7 +169,10 @@ class NativeStep(nn.Module):
 
     def forward(self, *args: Any, targets: Any = (), **kwargs: Any) -> torch.Tensor:
         given = (targets,) if isinstance(targets, torch.Tensor) else tuple(targets)
-        return self.loss_fn(self.model(*args, **kwargs), *given)
+        handle = native_handle(self.model)
+        offload = handle.offload if handle is not None else None
+        with offload.active() if offload is not None else contextlib.nullcontext():
+            return self.loss_fn(self.model(*args, **kwargs), *given)
 
 
 def native_handle(model: nn.Module) -> NativeHandle | None:

@@ -21,7 +21,14 @@ measured step by tests:
   drops the others after their last read in the recompute.
 
 A backward op belongs to the autograd node whose sequence number its first traced node
-carries; that node was made by the first forward node with that number.
+carries; that node was made by the first forward node with that number. A node's call (a
+stretch of ops with one number) holds its incoming gradients and saved tensors until it
+ends; a tensor unpacked from a checkpoint or from the host dies when the formula returns,
+before `validate_outputs`' trailing sums.
+
+Offloads (saved-tensor hooks, `core.runtime.native_offload`): an offloaded value is packed
+to the host when autograd saves it, so only Python holds its device storage; each node
+call that reads it copies it back first into a fresh device storage.
 """
 
 from __future__ import annotations
@@ -30,17 +37,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.graph import Graph
-from core.simulator.program import FREE, RUN, Instruction, step_values
+from core.simulator.program import FREE, RUN, Instruction, Link, step_values
 from core.simulator.walker import Walk, walk
 
 
 @dataclass(frozen=True)
 class Checkpointed:
-    """One region run under checkpoint: the traced forward nodes its module runs and the
-    graph ops whose results its policy saves (MUST_SAVE)."""
+    """One region run under checkpoint: the traced forward nodes its module runs, the
+    graph ops whose results its policy saves (MUST_SAVE) and the values its module is
+    called with (its frame holds them, read or not)."""
 
     nodes: frozenset[int]
     cached: frozenset[int]
+    inputs: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -86,16 +95,23 @@ class _Region:
 
     ops: list[int]  # graph forward ops run in the module, in order
     cached: frozenset[int]
+    inputs: frozenset[int]  # values the module is called with
     saving: set[int]  # backward ops of the region's nodes that saved a tensor
     stop: int = -1  # the last op the recompute runs (-1: nothing recomputed)
 
 
 def native_program(
-    graph: Graph, regions: Sequence[Checkpointed], dropped: dict[int, int] | None = None
+    graph: Graph,
+    regions: Sequence[Checkpointed],
+    dropped: dict[int, int] | None = None,
+    offloaded: frozenset[int] = frozenset(),
+    link: Link | None = None,
 ) -> NativeProgram:
     """The native program of `graph` with `regions` checkpointed (the rules above).
     `dropped`: forward value -> the forward op after which the model's Python code drops it
-    (`core.trace.lifetimes`); a value missing is dropped after its last forward read."""
+    (`core.trace.lifetimes`); a value missing is dropped after its last forward read.
+    `offloaded`: values made and read outside every region that saved-tensor hooks move to
+    the host, their copies timed over `link` (untimed without one)."""
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
@@ -105,24 +121,63 @@ def native_program(
     region_of_node = {n: r for r, reg in enumerate(regions) for n in reg.nodes}
     existing = {v.index for v in graph.values if v.producer is None or _forward(graph, v)}
     arriving = {v.index for v in graph.values if v.kind == "tangent"}
-    parts = [_Region(_ops_in(reg, graph), reg.cached, set()) for reg in regions]
+    parts = [_Region(_ops_in(reg, graph), reg.cached, reg.inputs, set()) for reg in regions]
+    calls = backward_calls(graph)
     owner: dict[int, int] = {}  # backward op -> region of its node
     node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
     saving: set[int] = set()  # forward nodes that made a node saving a tensor
-    for b in graph.backward_ops:
-        made = maker.get(nodes[graph.ops[b].nodes[0]].seq_nr)
+    for call in calls:
+        made = maker.get(call.seq_nr) if not call.stale else None
         r = region_of_node.get(made) if made is not None else None
         if r is None or made is None:
             continue
-        owner[b], node_of[b] = r, made
-        if any(v in existing and v not in arriving for v in graph.ops[b].inputs):
-            saving.add(made)
+        for b in call.ops:
+            owner[b], node_of[b] = r, made
+            if any(v in existing and v not in arriving for v in graph.ops[b].inputs):
+                saving.add(made)
     for b, made in node_of.items():
         if made in saving:
             part = parts[owner[b]]
             part.saving.add(b)
             part.stop = max(part.stop, op_of[made])
-    return _Builder(graph, parts, owner, dropped or {}).build()
+    builder = _Builder(graph, parts, owner, calls, dropped or {})
+    return builder.build(_Offloads(offloaded, link))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One autograd node's backward as the engine calls it: `ops` in order, of which the
+    first `formula` are the node's `apply` (its derivative formula) and the rest the
+    engine's `validate_outputs` (a gradient summed to its input's broadcast shape)."""
+
+    seq_nr: int
+    ops: tuple[int, ...]
+    formula: int
+    stale: bool  # a gradient accumulated between nodes, labelled with an earlier node's
+
+
+_VALIDATE = ("aten.sum",)  # what validate_outputs runs on a node's outputs: sum_to
+
+
+def backward_calls(graph: Graph) -> list[Call]:
+    """The backward's node calls in order: each a stretch of consecutive backward ops with
+    one sequence number. A number seen before is stale (a node runs once)."""
+    nodes = graph.trace.nodes
+    stretches: list[tuple[int, list[int]]] = []
+    for b in graph.backward_ops:
+        seq = nodes[graph.ops[b].nodes[0]].seq_nr
+        if not stretches or stretches[-1][0] != seq:
+            stretches.append((seq, []))
+        stretches[-1][1].append(b)
+    seen: set[int] = set()
+    calls = []
+    for seq, ops in stretches:
+        formula = len(ops)
+        while formula > 1 and graph.ops[ops[formula - 1]].label in _VALIDATE:
+            formula -= 1
+        calls.append(Call(seq, tuple(ops), formula, seq in seen))
+        seen.add(seq)
+    return calls
 
 
 def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
@@ -135,13 +190,32 @@ def _ops_in(region: Checkpointed, graph: Graph) -> list[int]:
     return [o for o in graph.forward_ops if graph.ops[o].nodes[0] in region.nodes]
 
 
+@dataclass(frozen=True)
+class _Offloads:
+    """Values the saved-tensor hooks move to the host and the link timing their copies."""
+
+    values: frozenset[int]
+    link: Link | None
+
+    def time(self, nbytes: int, to_host: bool) -> float:
+        if self.link is None:
+            return 0.0
+        return nbytes / (self.link.d2h if to_host else self.link.h2d)
+
+
 class _Builder:
     """Run positions, copies and each value's release position, then the program."""
 
     def __init__(
-        self, graph: Graph, parts: list[_Region], owner: dict[int, int], dropped: dict[int, int]
+        self,
+        graph: Graph,
+        parts: list[_Region],
+        owner: dict[int, int],
+        calls: list[Call],
+        dropped: dict[int, int],
     ) -> None:
         self.graph, self.parts, self.owner, self.dropped = graph, parts, owner, dropped
+        self.calls = calls
         self.ops: list[NativeOp] = [
             NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops
         ]
@@ -150,6 +224,7 @@ class _Builder:
         self.release: dict[int, int] = {}  # value -> position after which it is freed
         self.recomputed = 0
         self.recompute_time = 0.0
+        self.at: dict[int, int] = {}  # backward op -> its position
 
     def _run(self, o: int) -> None:
         pos = len(self.runs)
@@ -166,12 +241,16 @@ class _Builder:
         if v in self.release:
             self.release[v] = max(self.release[v], pos)
 
-    def build(self) -> NativeProgram:
+    def build(self, offloads: _Offloads) -> NativeProgram:
         graph, parts = self.graph, self.parts
         at: dict[int, int] = {}
         for o in graph.forward_ops:
             at[o] = len(self.runs)
             self._run(o)
+            for v in graph.ops[o].outputs:
+                if v in offloads.values:  # packed: copied to the host, autograd holds that
+                    self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
+        first = {call.ops[0]: call for call in self.calls}
         n_forward = len(self.runs)
         for v, o in self.dropped.items():
             if o in at:
@@ -183,20 +262,70 @@ class _Builder:
         for r, p in enumerate(parts):
             if not p.saving:  # nothing saved: the frame dies when the forward leaves it
                 death[r] = max((at[o] for o in p.ops), default=-1)
+        unpacked: dict[int, int] = {}  # offloaded value -> its copy back in this call
         for b in graph.backward_ops:
             reg = self.owner.get(b)
             if reg is not None and reg not in copies and b in parts[reg].saving:
                 copies[reg] = self._recompute(reg)
+            if b in first:
+                unpacked = self._unpack(first[b], offloads)
             op = graph.ops[b]
             if reg is not None and reg in copies:
                 inputs = tuple(copies[reg].get(v, v) for v in op.inputs)
                 self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
+            elif unpacked:
+                inputs = tuple(unpacked.get(v, v) for v in op.inputs)
+                self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
             self._run(b)
+            self.at[b] = len(self.runs) - 1
             if reg is not None and last.get(reg) == b:
                 death[reg] = len(self.runs) - 1
         for r, p in enumerate(parts):
             self._frame_holds(r, p, region_of_op, death[r])
+        self._node_holds()
         return self._program(n_forward)
+
+    def _extra(self, op: NativeOp) -> None:
+        """Run an op that is no graph op's run: a pack or an unpack of an offloaded value."""
+        self.ops.append(op)
+        self._run(len(self.ops) - 1)
+
+    def _unpack(self, call: Call, offloads: _Offloads) -> dict[int, int]:
+        """At the start of `call`, each offloaded value its ops read is copied back to a
+        fresh device storage (one per call: the hooks share it while it lives)."""
+        graph = self.graph
+        out: dict[int, int] = {}
+        for b in call.ops:
+            for v in graph.ops[b].inputs:
+                if v in offloads.values and v not in out:
+                    out[v] = self._new_value(v)
+                    time = offloads.time(self.sizes[v], False)
+                    self._extra(NativeOp((), (out[v],), time, graph.values[v].producer or 0))
+        return out
+
+    def _node_holds(self) -> None:
+        """A node's call holds what it reads: its incoming gradients and (outside every
+        checkpoint) the saved tensors its node keeps until autograd releases them, until
+        the call ends; a saved tensor unpacked from a checkpoint is a local of `apply`,
+        dropped when the formula returns (before `validate_outputs`)."""
+        for call in self.calls:
+            made = {v for b in call.ops for v in self.ops[b].outputs}
+            end = self.at[call.ops[-1]]
+            formula_end = self.at[call.ops[call.formula - 1]]
+            for b in call.ops:
+                region = b in self.owner
+                for v in self.ops[b].inputs:
+                    if v in made:
+                        continue
+                    local = v >= len(self.graph.values) or (region and self._forward_value(v))
+                    self._hold(v, formula_end if local else end)
+
+    def _forward_value(self, v: int) -> bool:
+        """A value the forward (or a recompute) made: a saved tensor, not a gradient."""
+        if v >= len(self.graph.values):
+            return True  # a recomputed copy
+        value = self.graph.values[v]
+        return value.producer is None or _forward(self.graph, value)
 
     def _recompute(self, r: int) -> dict[int, int]:
         """Re-run region `r`'s forward up to its last saving op; returns value -> copy."""
@@ -235,10 +364,13 @@ class _Builder:
         return new
 
     def _frame_holds(self, r: int, part: _Region, region_of_op: dict[int, int], end: int) -> None:
-        """Region `r`'s frame holds its inputs, and its cache the results of cached ops the
-        recompute never reached, until the frame dies (after position `end`)."""
+        """Region `r`'s frame holds the values its module was called with and the outer
+        values its ops read, and its cache the results of cached ops the recompute never
+        reached, until the frame dies (after position `end`)."""
         graph = self.graph
         mine = set(part.ops)
+        for v in part.inputs:
+            self._hold(v, end)
         for o in part.ops:
             for v in graph.ops[o].inputs:
                 producer = graph.values[v].producer

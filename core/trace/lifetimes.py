@@ -1,4 +1,5 @@
-"""How long the model's Python code holds each forward value: `python_lifetimes`.
+"""How long the model's Python code holds each forward value, and which values each
+submodule is called with: `python_lifetimes`.
 
 Autograd holds what it saves; everything else lives while Python holds a reference (a local
 variable, an argument, a list). Under native execution a checkpointed layer's values are not
@@ -6,7 +7,9 @@ held by autograd, so the layer's Python code decides when they are freed, in the
 in the recompute: Hugging Face's attention keeps `query_states` after the rotary embedding
 made a new one. The joint trace cannot say (autograd holds every saved value there), so the
 model's forward is run once more under fake tensors and `no_grad`, and each new storage's
-death is recorded against the op running when Python dropped it.
+death is recorded against the op running when Python dropped it. A checkpointed submodule's
+frame holds every tensor the submodule is called with (its args and kwargs, read or not:
+Llama's layers get `position_ids` and never read it), so the probe records those too.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +42,8 @@ class _Deaths(TorchDispatchMode):
         self.ops: list[Any] = []
         self.died: dict[int, int] = {}  # op that made a storage -> last op before it died
         self._seen: set[int] = set()
+        self.made: dict[int, int] = {}  # live storage -> the op that made it
+        self.passed: dict[str, set[int]] = {}  # submodule -> ops that made its call's tensors
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
@@ -48,21 +54,43 @@ class _Deaths(TorchDispatchMode):
                 storage = t.untyped_storage()
                 if storage._cdata not in self._seen:
                     self._seen.add(storage._cdata)
+                    self.made[storage._cdata] = k
                     weakref.finalize(storage, self._dead, storage._cdata, k)
         return out
 
     def _dead(self, key: int, made: int) -> None:
         self._seen.discard(key)
+        self.made.pop(key, None)
         self.died.setdefault(made, len(self.ops) - 1)
+
+    def called(self, name: str, args: Any, kwargs: Any) -> None:
+        """Submodule `name` is called with `args` and `kwargs`: record the ops that made
+        their tensors."""
+        mine = self.passed.setdefault(name, set())
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                k = self.made.get(t.untyped_storage()._cdata)
+                if k is not None:
+                    mine.add(k)
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """What the model's Python code holds, in traced forward nodes: `dropped` maps a node
+    making a storage to the node after which Python drops it (absent: outlives the
+    forward); `passed` maps a submodule's path to the nodes whose storages it is called
+    with."""
+
+    dropped: dict[int, int]
+    passed: dict[str, frozenset[int]]
 
 
 def python_lifetimes(
     model: nn.Module, trace: Trace, loss_fn: Callable[..., torch.Tensor] | None = None
-) -> dict[int, int]:
-    """Traced forward node that makes a storage -> the traced forward node after which the
-    model's Python code drops it: the model called as traced, on fake inputs shaped as
-    traced, without autograd, under the trace's autocast (then `loss_fn` when the trace
-    has one). Nodes whose storage outlives the forward are absent."""
+) -> Lifetimes:
+    """When the model's Python code drops each storage and what each submodule is called
+    with: the model called as traced, on fake inputs shaped as traced, without autograd,
+    under the trace's autocast (then `loss_fn` when the trace has one)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
@@ -72,13 +100,23 @@ def python_lifetimes(
         ]
     args, kwargs, targets = join_call(example, trace.call)
     deaths = _Deaths()
-    with torch.no_grad(), trace.autocast.entered(), mode, deaths:
-        out = model(*args, **kwargs)
-        if loss_fn is not None and trace.call.loss:
-            out = loss_fn(out, *targets)
-        dropped = len(deaths.ops)
-        deaths.ops.append(None)  # what dies from here on outlives the forward
-        del out
+    hooks = [
+        sub.register_forward_pre_hook(
+            lambda _m, a, kw, name=name: deaths.called(name, a, kw), with_kwargs=True
+        )
+        for name, sub in model.named_modules()
+    ]
+    try:
+        with torch.no_grad(), trace.autocast.entered(), mode, deaths:
+            out = model(*args, **kwargs)
+            if loss_fn is not None and trace.call.loss:
+                out = loss_fn(out, *targets)
+            dropped = len(deaths.ops)
+            deaths.ops.append(None)  # what dies from here on outlives the forward
+            del out
+    finally:
+        for hook in hooks:
+            hook.remove()
     matched = _align(trace, deaths.ops)
     at: list[int] = []  # probe op -> last traced node matched at or before it
     last = -1
@@ -86,11 +124,16 @@ def python_lifetimes(
     for k in range(len(deaths.ops)):
         last = node_of.get(k, last)
         at.append(last)
-    return {
+    died = {
         node: at[deaths.died[k]]
         for k, node in matched
         if k in deaths.died and deaths.died[k] < dropped and at[deaths.died[k]] >= 0
     }
+    passed = {
+        name: frozenset(node_of[k] for k in made if k in node_of)
+        for name, made in deaths.passed.items()
+    }
+    return Lifetimes(died, passed)
 
 
 def _align(trace: Trace, ops: list[Any]) -> list[tuple[int, int]]:
