@@ -190,7 +190,7 @@ class Fitter:
         return Fit(strategy, batch, peak, fixed + peak, over)
 
     def _largest(self, fits: Callable[[int], Fit | None], guess: int, strategy: str) -> Fit:
-        """The largest batch in 1..max_batch that fits: from `guess`, widening steps until
+        """The largest batch in 1..max_batch that fits: from `guess`, steps of 1, 4, 16... until
         bracketed, then bisection (assumes a batch that fits has every smaller one fit)."""
         top = self.max_batch
         lo, hi, best = 0, top + 1, None
@@ -207,7 +207,7 @@ class Fitter:
                 b = max(hi - step, 1)
             else:
                 b = (lo + hi) // 2
-            step *= 2
+            step *= 4
         if best is None:
             return Fit(strategy, 0)
         return Fit(best.strategy, best.batch, best.peak, best.total, best.overhead, lo == top)
