@@ -8,7 +8,8 @@ Everything a step holds on the device is counted:
   (a plan's budget counts them: docs/api.md).
 Strategies, side by side: eager (store-all), checkpointing every layer (`checkpoint_blocks`),
 ours (Rockmate's fastest plan in the memory left, kept when its predicted overhead is within
-`overhead`) and ours with offloading (the `offload` solver, same rule).
+`overhead`) and ours with offloading (the faster of the `offload` solver's plan and Rockmate's,
+same rule: offloading is an option, so it never fits a smaller batch than ours).
 
 Each batch size is traced on fake inputs shaped from the model's example call (the meta
 device works: nothing is allocated). The search per strategy is exact: every answer B was
@@ -34,7 +35,7 @@ from core.trace.model_call import ModelCall
 
 OPTIMIZERS = {"adamw": 2.0, "adam": 2.0, "sgd": 1.0, "none": 0.0}  # states per parameter
 STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
-_METHODS = {"ours": "rockmate", "ours + offload": "offload"}
+_METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
 
 
 class FitError(RematError, ValueError):
@@ -177,14 +178,18 @@ class Fitter:
                 peak, over = plan.predicted_peak, plan.overhead
             except InfeasibleBudget:  # checkpointing saves nothing here: eager's figures
                 peak, over = problem.store_all_peak, 1.0
-        else:
-            try:
-                plan = solve(problem, left, _METHODS[strategy])
-            except InfeasibleBudget:
+        else:  # with offloading: the offload solver's plan or Rockmate's, the faster fitting
+            plans = []
+            for method in _METHODS[strategy]:
+                try:
+                    plans.append(solve(problem, left, method))
+                except InfeasibleBudget:
+                    continue
+            plans = [p for p in plans if p.overhead <= overhead]
+            if not plans:
                 return None
-            peak, over = plan.predicted_peak, plan.overhead
-            if over > overhead:
-                return None
+            best = min(plans, key=lambda p: p.predicted_time)
+            peak, over = best.predicted_peak, best.overhead
         if peak > left:
             return None
         return Fit(strategy, batch, peak, fixed + peak, over)
