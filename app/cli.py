@@ -7,6 +7,8 @@ import argparse
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from bench import MissingExtra
 from core.errors import RematError, fmt_bytes
@@ -51,16 +53,18 @@ def _parser() -> argparse.ArgumentParser:
     model_args(s)
     s.add_argument(
         "--budget",
-        required=True,
         help="bytes ('2GB', '512MiB', '4096'), a percentage ('50%%') or a fraction ('0.5') "
-        "of the store-all peak",
+        "of the store-all peak (required unless --devices)",
     )
     s.add_argument(
         "--method",
         default="rockmate",
-        help="rockmate (default), rotor, checkmate, checkpoint_blocks, sqrt_n, store_all, "
-        "offload, pofo",
+        help="rockmate (default), native, rotor, checkmate, checkpoint_blocks, sqrt_n, "
+        "store_all, offload, pofo",
     )
+    s.add_argument("--devices", type=int, help="plan a parallel layout instead: `remat parallel`")
+    s.add_argument("--memory", help="with --devices: memory of each device ('80GiB')")
+    s.add_argument("--link", default=None, help="with --devices: nvlink4, pcie4, ...")
     s.add_argument("-o", "--output", default="plan.pkl")
     s.set_defaults(run=_plan)
 
@@ -72,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--memory", required=True, help="memory of each device ('80GiB', '24GB')")
     s.add_argument("--link", default=None, help="nvlink4, nvlink3, pcie4, ... (default: device's)")
     s.set_defaults(run=_parallel)
+
+    _fit_parser(sub, model_args)
 
     s = sub.add_parser("show", help="describe a plan file")
     s.add_argument("path")
@@ -175,6 +181,12 @@ def _inspect(args: argparse.Namespace, rest: list[str]) -> int:
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     import core
 
+    if args.devices is not None:
+        if args.memory is None:
+            raise ValueError("--devices needs --memory, each device's memory (e.g. 80GiB)")
+        return _parallel(args, rest)
+    if args.budget is None:
+        raise ValueError("remat plan needs --budget (e.g. 50%, 2GiB), or --devices N --memory M")
     _, problem, _ = _analyze(args)
     method = args.method
     plan = core.solve(problem, args.budget, method=method)
@@ -243,6 +255,65 @@ def _parallel(args: argparse.Namespace, rest: list[str]) -> int:
     for why in dict.fromkeys(pp.refused):
         console.print(f"replicated: {why}")
     console.print(f"core.parallel_plan took {seconds:.1f} s")
+
+
+def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`remat fit MODEL --memory 24GiB`: the largest batch per strategy (core.fit)."""
+    s = sub.add_parser("fit", help="the largest batch whose training step fits a memory")
+    model_args(s)
+    s.set_defaults(device="h100")
+    s.add_argument(
+        "--memory",
+        action="append",
+        required=True,
+        help="device memory ('24GiB', '80GiB'); repeat it for several devices",
+    )
+    s.add_argument("--overhead", type=float, default=1.2, help="most predicted time over eager's")
+    s.add_argument(
+        "--optimizer",
+        default="adamw",
+        help="optimizer states per parameter: adamw/adam 2, sgd 1 (momentum), none 0",
+    )
+    s.add_argument("--seq", type=int, default=None, help="sequence length (dimension 1)")
+    s.add_argument("--max-batch", type=int, default=4096, help="largest batch tried")
+    s.set_defaults(run=_fit)
+
+
+def _fit(args: argparse.Namespace, rest: list[str]) -> int:
+    from core.fit import Fitter
+    from core.solvers import parse_budget
+    from core.trace.model_call import load_model
+
+    if any(not m.strip().lower().endswith("b") for m in args.memory):
+        raise ValueError(f"--memory takes bytes with a unit ('24GiB', '80GB'), not {args.memory}")
+    memories = [parse_budget(m, 1) for m in args.memory]
+    fitter = Fitter(
+        load_model(args.model),
+        seq=args.seq,
+        device=args.device,
+        optimizer=args.optimizer,
+        max_batch=args.max_batch,
+    )
+    start = time.perf_counter()
+    for memory in memories:
+        report = fitter.fit(memory, args.overhead)
+        print(
+            f"{args.model} on {fmt_bytes(memory)} ({report.device} costs), inputs at batch 1: "
+            f"{report.shapes}\n  parameters {fmt_bytes(report.param_bytes)}, optimizer "
+            f"{report.optimizer} {fmt_bytes(report.optimizer_bytes)}; overhead limit "
+            f"{report.overhead_limit:.2f}x"
+        )
+        print(f"  {'strategy':<24}{'batch':>8}{'step peak':>12}{'total':>12}{'overhead':>10}")
+        for f in report.fits:
+            batch = f"{f.batch}{'+' if f.capped else ''}" if f.batch else "none"
+            print(
+                f"  {f.strategy:<24}{batch:>8}{fmt_bytes(f.peak):>12}{fmt_bytes(f.total):>12}"
+                f"{f.overhead:>9.2f}x"
+            )
+    print(
+        f"{len(fitter.seconds)} batch sizes traced in {sum(fitter.seconds.values()):.1f} s; "
+        f"{time.perf_counter() - start:.1f} s in all"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ from core.errors import (
     RematError,
     UnsupportedModel,
 )
+from core.fit import Fitter
 from core.frontier import tradeoff
 from core.layout import Arena, arena
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
@@ -17,6 +18,7 @@ from core.plan import Plan, load_plan
 from core.problem import Problem, analyze
 from core.reorder import reorder
 from core.runtime import apply_plan
+from core.shapes import ShapeInfeasible, ShapeSpecError
 from core.solvers import parse_budget, solve
 from core.trace.loss_head import LossHead, chunked_head
 from core.trace.model_call import ModelCall
@@ -24,6 +26,7 @@ from core.trace.model_call import ModelCall
 __all__ = [
     "DEVICES",
     "Arena",
+    "Fitter",
     "BudgetError",
     "InfeasibleBudget",
     "InvalidPlan",
@@ -36,6 +39,8 @@ __all__ = [
     "PlanMismatch",
     "Problem",
     "RematError",
+    "ShapeInfeasible",
+    "ShapeSpecError",
     "UnsupportedModel",
     "analyze",
     "apply_plan",

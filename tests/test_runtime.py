@@ -165,8 +165,8 @@ def test_plan_mismatch_says_what_differs():
     model, inputs = fresh("gpt-tiny")
     plan = core.solve(core.analyze(model, inputs), 1.0, "store_all")
     wrapped = core.apply_plan(model, plan)
-    with pytest.raises(PlanMismatch, match=r"input 0 is int64\[2, 64\].*int64\[4, 64\]"):
-        wrapped(inputs[0][:2], inputs[1][:2])
+    with pytest.raises(PlanMismatch, match=r"input 0 is int64\[4, 1, 64\].*int64\[4, 64\]"):
+        wrapped(inputs[0][:, None], inputs[1])
     other, _ = fresh("gpt-1layer")
     with pytest.raises(PlanMismatch, match="parameter"):
         core.apply_plan(other, plan)

@@ -7,7 +7,8 @@ rest of the program, recomputing what the plan recomputes, and hands autograd th
 gradients, which land in the model's own `.grad`. Under `no_grad` it runs the model itself.
 Every call that runs the plan is checked against what the trace baked in: the autocast state
 and the submodules' plain attributes (`training`, dropout's `p`, ...); PlanMismatch names
-what changed.
+what changed. Inputs of other sizes (a short last batch, another sequence length) run their
+own plan under the same budget in bytes (`core.shapes`), each compiled once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from core.plan import Plan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
 from core.runtime.native import apply_native
 from core.runtime.transfers import HostLane, lane_for
-from core.trace import Autocast, TensorSpec, split_call, unflatten_output
+from core.shapes import ShapePlan, ShapePlans, Shapes, ShapeSpecError
+from core.trace import Autocast, split_call, unflatten_output
 
 
 class _Tensor:
@@ -64,6 +66,34 @@ class PlannedModule(nn.Module):
         self._call = trace.call
         self._autocast = trace.autocast
         self._watch = trace.module_state.watch(model)
+        self.shapes = ShapePlans(model, plan, loss_fn)  # every input shape's plan
+        self._steps: dict[Shapes, _ShapeStep] = {}
+
+    def plan_for(self, *args: Any, **kwargs: Any) -> ShapePlan:
+        """The plan a call with these inputs runs (made now if its shapes are new), without
+        running it: `planned.plan_for(ids, attention_mask=mask, targets=labels)`."""
+        targets: tuple = ()
+        if self._call.loss:
+            given = kwargs.pop("targets", ())
+            targets = (given,) if isinstance(given, torch.Tensor) else tuple(given)
+        inputs = self._check_call(args, kwargs, targets)
+        return self.shapes.get(self.shapes.check(inputs))
+
+    def prepare(self, shapes: dict[str | int, Any]) -> list[ShapePlan]:
+        """Plan the shapes `shapes` declares before training (`core.shapes.expand`):
+        `planned.prepare({"batch": [8, 3], "seq": (16, 2048)})`."""
+        return self.shapes.prepare(shapes)
+
+    def _runner(self, inputs: Sequence[torch.Tensor]) -> Any:
+        """What PlanFunction runs for these inputs: this module at the planned shapes, else
+        that shape's compiled plan."""
+        shapes = self.shapes.check(inputs)
+        if shapes == self.shapes.first:
+            return self
+        if shapes not in self._steps:
+            entry = self.shapes.get(shapes)
+            self._steps[shapes] = _ShapeStep(self, entry.problem.graph, entry.plan)
+        return self._steps[shapes]
 
     def _lane(self, device: torch.device) -> HostLane:
         if device not in self._lanes:
@@ -87,8 +117,9 @@ class PlannedModule(nn.Module):
             return self.loss_fn(out, *targets) if self.loss_fn is not None else out
         self._check_state()
         inputs = self._check_call(args, kwargs, targets)
-        outputs = PlanFunction.apply(self, len(self._params), *self._params, *inputs)
-        return unflatten_output(list(outputs), self._graph.trace.output_spec)
+        runner = self._runner(inputs)
+        outputs = PlanFunction.apply(runner, len(self._params), *self._params, *inputs)
+        return unflatten_output(list(outputs), runner._program.graph.trace.output_spec)
 
     def _check_state(self) -> None:
         """The caller's autocast and the model's switches must be the ones traced."""
@@ -133,15 +164,34 @@ class PlannedModule(nn.Module):
         for i, (x, spec) in enumerate(zip(inputs, self._input_specs, strict=True)):
             if not isinstance(x, torch.Tensor):
                 raise PlanMismatch(f"input {i} is a {type(x).__name__}, the plan expects {spec}")
-            got = TensorSpec.of(x)
-            if got != spec:
-                raise PlanMismatch(
-                    f"input {i} is {got}, the plan was made for {spec}: make a plan for these "
-                    "shapes (remat plan ... or core.solve on a problem analysed with them)"
-                )
             if x.requires_grad != (i in self._grad_inputs):
                 need = "requires" if i in self._grad_inputs else "does not require"
                 raise PlanMismatch(f"input {i}: the plan was made for an input that {need} grad")
+
+
+class _ShapeStep:
+    """One other input shape's compiled plan, run by PlanFunction for the planned module
+    (whose state tensors, host lanes and host peak it shares)."""
+
+    def __init__(self, module: PlannedModule, graph: Graph, plan: Plan) -> None:
+        self._module = module
+        self._program = CompiledProgram(graph, plan)
+        if self._program.transfers:
+            self._lane(next((p.device for p in module._params), torch.device("cpu")))
+
+    @property
+    def host_peak(self) -> int:
+        return self._module.host_peak
+
+    @host_peak.setter
+    def host_peak(self, value: int) -> None:
+        self._module.host_peak = value
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return self._module._state_tensors()
+
+    def _lane(self, device: torch.device) -> HostLane:
+        return self._module._lane(device)
 
 
 def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -157,6 +207,7 @@ def apply_plan(
     plan: Plan,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     runtime: str = "interpreter",
+    shapes: dict[str | int, Any] | None = None,
 ) -> nn.Module:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
     made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
@@ -173,11 +224,26 @@ def apply_plan(
     policies on the model's layers and returns the model itself (or a `NativeStep` computing
     the loss), which composes with torch.compile and FSDP2; its peak is not the prediction
     (`core.runtime.native`).
+
+    Inputs of other sizes than the plan's (same dtypes, same call) get their own plan under
+    the plan's budget in bytes, made at their first call and cached (`core.shapes`); shapes:
+    sizes to plan now, before training, e.g. {"batch": [8, 3], "seq": (16, 2048)} (a range is
+    planned at powers of two; see docs/shapes.md). `ShapeInfeasible` (an InfeasibleBudget)
+    names a shape no plan fits.
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
+    if runtime == "native" and shapes is not None:
+        raise ShapeSpecError(
+            "shapes= plans each shape under the budget, which only runtime='interpreter' "
+            "runs; the native runtime applies one plan's checkpoints at every shape with no "
+            "budget: drop shapes= or use runtime='interpreter'"
+        )
     bound = bind(model, plan, loss_fn)
     if runtime == "native":
         with_loss = bound.graph.trace.call.loss
         return apply_native(model, bound.plan, bound.loss_fn, with_loss)
-    return PlannedModule(model, bound.graph, bound.plan, bound.loss_fn)
+    planned = PlannedModule(model, bound.graph, bound.plan, bound.loss_fn)
+    if shapes is not None:
+        planned.prepare(shapes)
+    return planned

@@ -1,0 +1,242 @@
+"""`fit`: the largest batch whose training step fits a device's memory, per strategy.
+
+Everything a step holds on the device is counted:
+- parameters and buffers (`Problem.param_bytes`), and the input batch (`input_bytes`);
+- optimizer state: OPTIMIZERS[optimizer] times the trainable parameters' bytes (AdamW keeps
+  two states per parameter in its dtype, SGD with momentum one, none zero);
+- the step's peak, which holds the activations, the temporaries and the parameter gradients
+  (a plan's budget counts them: docs/api.md).
+Strategies, side by side: eager (store-all), checkpointing every layer (`checkpoint_blocks`),
+ours (Rockmate's fastest plan in the memory left, kept when its predicted overhead is within
+`overhead`) and ours with offloading (the faster of the `offload` solver's plan and Rockmate's,
+same rule: offloading is an option, so it never fits a smaller batch than ours).
+
+Each batch size is traced on fake inputs shaped from the model's example call (the meta
+device works: nothing is allocated). The search per strategy is exact: every answer B was
+planned at B, and B + 1 was planned and does not fit (a batch of `max_batch` that fits is
+reported as such). Two traced batches give an affine first guess of each strategy's memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from core.errors import InfeasibleBudget, RematError
+from core.problem import Problem, analyze
+from core.shapes import expand
+from core.solvers import solve
+from core.trace import join_call, split_call
+from core.trace.model_call import ModelCall
+
+OPTIMIZERS = {"adamw": 2.0, "adam": 2.0, "sgd": 1.0, "none": 0.0}  # states per parameter
+STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
+_METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
+
+
+class FitError(RematError, ValueError):
+    """A fit that cannot be asked: an unknown optimizer, a memory or overhead out of range."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One strategy's answer: the largest batch that fits (0: not even 1), and at it the
+    step's peak, the total device bytes and the predicted time over eager's."""
+
+    strategy: str
+    batch: int
+    peak: int = 0
+    total: int = 0
+    overhead: float = 1.0
+    capped: bool = False  # max_batch fits: the true largest batch may be larger
+
+
+@dataclass(frozen=True)
+class FitReport:
+    memory: int
+    overhead_limit: float
+    optimizer: str
+    device: str
+    shapes: str  # the inputs at batch 1, e.g. "[1, 512], [1, 512]"
+    param_bytes: int
+    optimizer_bytes: int
+    fits: list[Fit]
+    probes: dict[int, float] = field(default_factory=dict)  # batch -> seconds to analyse
+
+
+class _Probe:
+    """Problems per batch size, traced once each."""
+
+    def __init__(self, call: ModelCall, seq: int | None, device: str) -> None:
+        self.call, self.device = call, device
+        loss = call.loss_fn is not None
+        tensors, self.spec = split_call(call.args, call.kwargs, call.targets, loss)
+        self.tensors = tensors
+        first = tuple(tuple(t.shape) for t in tensors)
+        self.first = expand({"seq": [seq]}, first)[0] if seq is not None else first
+        self.problems: dict[int, Problem] = {}
+        self.seconds: dict[int, float] = {}
+
+    def shapes(self, batch: int) -> tuple[tuple[int, ...], ...]:
+        return expand({"batch": [batch]}, self.first)[0]
+
+    def problem(self, batch: int) -> Problem:
+        if batch not in self.problems:
+            start = time.perf_counter()
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                fake = [
+                    torch.empty(s, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)
+                    for s, t in zip(self.shapes(batch), self.tensors, strict=True)
+                ]
+            args, kwargs, targets = join_call(fake, self.spec)
+            self.problems[batch] = analyze(
+                self.call.model, args, kwargs, self.call.loss_fn, targets, device=self.device
+            )
+            self.seconds[batch] = time.perf_counter() - start
+        return self.problems[batch]
+
+
+class Fitter:
+    """Fits of one model's step at a sequence length, for any memory: the traced batches are
+    shared between strategies and memories."""
+
+    def __init__(
+        self,
+        call: ModelCall,
+        *,
+        seq: int | None = None,
+        device: str = "h100",
+        optimizer: str = "adamw",
+        max_batch: int = 4096,
+    ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise FitError(
+                f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)} "
+                "(optimizer states per parameter: adamw 2, sgd 1, none 0)"
+            )
+        if seq is not None and seq <= 0:
+            raise FitError(f"the sequence length must be a positive integer, not {seq}")
+        self.optimizer, self.device, self.max_batch = optimizer, device, max_batch
+        self._probe = _Probe(call, seq, device)
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """Seconds each traced batch size took to analyse."""
+        return dict(self._probe.seconds)
+
+    def fit(self, memory: int, overhead: float = 1.2) -> FitReport:
+        """The largest batch of each strategy whose step fits `memory` bytes."""
+        if memory <= 0:
+            raise FitError(f"the memory must be a positive number of bytes, not {memory}")
+        if not overhead >= 1.0:
+            raise FitError(f"the overhead is predicted time over eager's, at least 1.0: {overhead}")
+        guesses = self._guesses(memory)
+        fits = []
+        for strategy in STRATEGIES:
+
+            def at(batch: int, strategy: str = strategy) -> Fit | None:
+                return self._evaluate(strategy, batch, memory, overhead)
+
+            fits.append(self._largest(at, guesses[strategy], strategy))
+        one = self._probe.problem(1)
+        return FitReport(
+            memory,
+            overhead,
+            self.optimizer,
+            self.device,
+            ", ".join(str(list(s)) for s in self._probe.shapes(1)),
+            one.param_bytes,
+            self._optimizer_bytes(one),
+            fits,
+            dict(self._probe.seconds),
+        )
+
+    def _optimizer_bytes(self, problem: Problem) -> int:
+        trainable = sum(v.nbytes for v in problem.graph.values if v.kind == "param")
+        return int(OPTIMIZERS[self.optimizer] * trainable)
+
+    def _fixed(self, problem: Problem) -> int:
+        """Bytes held whatever the strategy: parameters, buffers, optimizer state, inputs."""
+        return problem.param_bytes + self._optimizer_bytes(problem) + problem.input_bytes
+
+    def _evaluate(self, strategy: str, batch: int, memory: int, overhead: float) -> Fit | None:
+        """The strategy's step at `batch` if it fits `memory` within `overhead`, else None."""
+        problem = self._probe.problem(batch)
+        fixed = self._fixed(problem)
+        left = memory - fixed
+        if left <= 0:
+            return None
+        if strategy == "eager":
+            peak, over = problem.store_all_peak, 1.0
+        elif strategy == "checkpoint every layer":
+            try:
+                plan = solve(problem, problem.store_all_peak, "checkpoint_blocks")
+                peak, over = plan.predicted_peak, plan.overhead
+            except InfeasibleBudget:  # checkpointing saves nothing here: eager's figures
+                peak, over = problem.store_all_peak, 1.0
+        else:  # with offloading: the offload solver's plan or Rockmate's, the faster fitting
+            plans = []
+            for method in _METHODS[strategy]:
+                try:
+                    plans.append(solve(problem, left, method))
+                except InfeasibleBudget:
+                    continue
+            plans = [p for p in plans if p.overhead <= overhead]
+            if not plans:
+                return None
+            best = min(plans, key=lambda p: p.predicted_time)
+            peak, over = best.predicted_peak, best.overhead
+        if peak > left:
+            return None
+        return Fit(strategy, batch, peak, fixed + peak, over)
+
+    def _largest(self, fits: Callable[[int], Fit | None], guess: int, strategy: str) -> Fit:
+        """The largest batch in 1..max_batch that fits: from `guess`, steps of 1, 4, 16... until
+        bracketed, then bisection (assumes a batch that fits has every smaller one fit)."""
+        top = self.max_batch
+        lo, hi, best = 0, top + 1, None
+        b, step = min(max(guess, 1), top), 1
+        while hi - lo > 1:
+            found = fits(b)
+            if found is not None:
+                lo, best = b, found
+            else:
+                hi = b
+            if hi > top:
+                b = min(lo + step, top)
+            elif lo == 0:
+                b = max(hi - step, 1)
+            else:
+                b = (lo + hi) // 2
+            step *= 4
+        if best is None:
+            return Fit(strategy, 0)
+        return Fit(best.strategy, best.batch, best.peak, best.total, best.overhead, lo == top)
+
+    def _guesses(self, memory: int) -> dict[str, int]:
+        """First probes: each strategy's memory as affine in the batch, from batches 1 and 2."""
+        p1, p2 = self._probe.problem(1), self._probe.problem(2)
+
+        def largest(n1: int, n2: int) -> int:
+            slope = max(n2 - n1, 1)
+            return max(1, (memory - n1) // slope + 1)
+
+        def ckpt(p: Problem) -> int:
+            try:
+                return solve(p, p.store_all_peak, "checkpoint_blocks").predicted_peak
+            except InfeasibleBudget:
+                return p.store_all_peak
+
+        eager = largest(self._fixed(p1) + p1.store_all_peak, self._fixed(p2) + p2.store_all_peak)
+        blocks = largest(self._fixed(p1) + ckpt(p1), self._fixed(p2) + ckpt(p2))
+        ours = int((eager * blocks) ** 0.5)
+        return {
+            "eager": eager,
+            "checkpoint every layer": blocks,
+            "ours": ours,
+            "ours + offload": ours,
+        }
