@@ -52,6 +52,8 @@ QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 # strategy's step with an eager one would take hours (`--models gpt2-small --reps 2` runs it).
 SLOW_MODELS = ["gpt2-small"]
 FULL_MODELS = [m for m in sample_models.names() if m not in SLOW_MODELS]
+# our rows' key prefixes: the interpreter, the native runtime, the native runtime compiled
+OUR_KINDS = ("ours", "native", "native-compiled")
 OUR_METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "offload")
 
 
@@ -175,12 +177,12 @@ def _wanted_strategies(
         return keep is None or key == "eager" or any(key.startswith(k) for k in keep)
 
     strategies = [s for s in pytorch_strategies(model, compile_backends) if wanted(s.key)]
-    if any(wanted(f"ours:{m}") for m in methods):
+    ours_methods = [m for m in methods if any(wanted(f"{k}:{m}") for k in OUR_KINDS)]
+    if ours_methods:
         out.status("analyze + solve")
         problem = _analyze(model, inputs, out.name, out.log)
-        ours = our_strategies(
-            model, problem, [m for m in methods if wanted(f"ours:{m}")], budgets, out.log
-        )
+        backend = "inductor" if "inductor" in compile_backends else None
+        ours = our_strategies(model, problem, ours_methods, budgets, out.log, backend)
         strategies += [s for s in ours if wanted(s.key)]
     return strategies
 
@@ -209,11 +211,28 @@ def _check_gradients(runner: Runner, strategies: list[Strategy], out: _Reporter)
             if ref is None:
                 ref = grads
             row.grad_error, row.grads_match = grad_error(grads, ref)
+            if s.reference is not None:
+                row.note = _joined(row.note, _against(grads, runner.grads(s.reference), s))
         except Exception as e:
             row.note = f"failed: {type(e).__name__}: {str(e)[:120]}"
             out.log(f"[red]{s.key} {row.note}[/]")
         out.advance()
     return rows
+
+
+def _against(grads: list, other: list, s: Strategy) -> str:
+    """Whether `grads` are bit-equal to the strategy's second reference's, as a note."""
+    if all(
+        (g is None and o is None) or (g is not None and o is not None and torch.equal(g, o))
+        for g, o in zip(grads, other, strict=True)
+    ):
+        return f"gradients torch.equal to {s.reference_name}'s"
+    worst, _ = grad_error(grads, other)
+    return f"gradients differ from {s.reference_name}'s by {worst:.1e}"
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def _measure_peaks(
@@ -269,9 +288,10 @@ def _summarise(rows: dict[str, Row], eager: Row, eager_peaks: dict[str, int]) ->
         row.eager_time = eager.time
         row.eager_peak = eager_peaks.get(row.peak_source, math.nan)
         if row.peak_source == "profiler":
-            row.note = (row.note + "; " if row.note else "") + (
+            row.note = _joined(
+                row.note,
                 "peak from the allocator profile (tracker cannot see inductor's buffers); "
-                "ratio against eager under the same profile"
+                "ratio against eager under the same profile",
             )
 
 
