@@ -25,6 +25,7 @@ import argparse
 import datetime as _dt
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -36,7 +37,7 @@ from torch import nn
 
 import core
 import sample_models
-from bench.measure import Runner, bench_settings, grad_error
+from bench.measure import Runner, bench_settings, bit_equal, grad_error
 from bench.report import Row, environment, print_tables, write_results
 from bench.strategies import OUR_BUDGETS, Strategy, our_strategies, pytorch_strategies
 
@@ -222,10 +223,7 @@ def _check_gradients(runner: Runner, strategies: list[Strategy], out: _Reporter)
 
 def _against(grads: list, other: list, s: Strategy) -> str:
     """Whether `grads` are bit-equal to the strategy's second reference's, as a note."""
-    if all(
-        (g is None and o is None) or (g is not None and o is not None and torch.equal(g, o))
-        for g, o in zip(grads, other, strict=True)
-    ):
+    if bit_equal(grads, other):
         return f"gradients torch.equal to {s.reference_name}'s"
     worst, _ = grad_error(grads, other)
     return f"gradients differ from {s.reference_name}'s by {worst:.1e}"
@@ -317,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, help="timed repetitions per strategy (default 7; quick 3)")
     p.add_argument("--out", help="results folder (default results/bench-<date>)")
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="instead: our native plan compiled with inductor against compiled eager at the "
+        "activation_memory_budget of the same peak (`remat bench --compiled --help`)",
+    )
     p.add_argument("--methods", help=f"our methods (default {','.join(OUR_METHODS)})")
     p.add_argument(
         "--device",
@@ -335,7 +339,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "--compiled" in given:
+        from bench.compiled import main as compiled_main
+
+        return compiled_main([a for a in given if a != "--compiled"])
+    args = _parser().parse_args(given)
     console = Console()
     if not console.is_terminal:  # a log file: wide enough that table rows do not wrap
         console = Console(width=180)
