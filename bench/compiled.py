@@ -130,6 +130,15 @@ def compare_model(
     plain = _compiled_eager(model, None)
     plain_grads = runner.grads(plain)
     out = []
+    peaks: dict[float, int] = {}  # compiled eager's peak at each budget tried, for every plan
+
+    def peak_at(budget: float) -> int:
+        if budget not in peaks:
+            step = _compiled_eager(model, budget)
+            runner.grads(step)  # compiles
+            peaks[budget] = runner.peak(step, "profiler")
+        return peaks[budget]
+
     for label, plan in _plans(problem, fractions).items():
         native = core.apply_plan(shared_copy(model), plan, runtime="native")
         explained = dynamo.explain(native)(*inputs)
@@ -137,11 +146,6 @@ def compare_model(
         grads = runner.grads(ours)
         peak = runner.peak(ours, "profiler")
         log(f"{name} {label}: ours compiled peak {fmt_bytes(peak)}; searching the budget")
-
-        def peak_at(budget: float) -> int:
-            step = _compiled_eager(model, budget)
-            runner.grads(step)  # compiles
-            return runner.peak(step, "profiler")
 
         budget, eager_peak, tried = search_budget(peak_at, peak, steps)
         log(f"{name} {label}: budget {budget:.3f} peak {fmt_bytes(eager_peak)}; tried {tried}")
