@@ -186,9 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=5, help="bisection steps of the budget search")
     args = p.parse_args(argv)
-    fractions = [float(b) for b in args.budgets.split(",")]
+    try:
+        fractions = [float(b) for b in args.budgets.split(",")]
+    except ValueError:
+        p.error(f"--budgets takes fractions like 0.5,0.25; got {args.budgets!r}")
     if args.reps < 1 or args.steps < 1 or not all(0 < f <= 1 for f in fractions):
         p.error("--reps and --steps at least 1; --budgets fractions in (0, 1]")
+    unknown = [m for m in args.models.split(",") if m not in sample_models.REGISTRY]
+    if unknown:
+        p.error(f"unknown sample models {unknown}; valid: {', '.join(sample_models.names())}")
     rows: list[Compared] = []
     with bench_settings():
         for name in args.models.split(","):

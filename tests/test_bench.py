@@ -300,3 +300,10 @@ def test_compiled_command_line(capsys):
     assert compare.main(argv) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert line[0] == "gpt-tiny" and line[-4:-2] == ["0", "yes"], line
+
+
+@pytest.mark.parametrize("argv", [["--budgets", "half"], ["--models", "nope"], ["--reps", "0"]])
+def test_compiled_command_line_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--compiled", *argv])
+    assert e.value.code == 2 and "remat bench --compiled" in capsys.readouterr().err
