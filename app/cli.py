@@ -255,6 +255,7 @@ def _parallel(args: argparse.Namespace, rest: list[str]) -> int:
     for why in dict.fromkeys(pp.refused):
         console.print(f"replicated: {why}")
     console.print(f"core.parallel_plan took {seconds:.1f} s")
+    return 0
 
 
 def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None]) -> None:

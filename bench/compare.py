@@ -25,6 +25,7 @@ import argparse
 import datetime as _dt
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -36,7 +37,7 @@ from torch import nn
 
 import core
 import sample_models
-from bench.measure import Runner, bench_settings, grad_error
+from bench.measure import Runner, bench_settings, bit_equal, grad_error
 from bench.report import Row, environment, print_tables, write_results
 from bench.strategies import OUR_BUDGETS, Strategy, our_strategies, pytorch_strategies
 
@@ -52,6 +53,8 @@ QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 # strategy's step with an eager one would take hours (`--models gpt2-small --reps 2` runs it).
 SLOW_MODELS = ["gpt2-small"]
 FULL_MODELS = [m for m in sample_models.names() if m not in SLOW_MODELS]
+# our rows' key prefixes: the interpreter, the native runtime, the native runtime compiled
+OUR_KINDS = ("ours", "native", "native-compiled")
 OUR_METHODS = ("store_all", "checkpoint_blocks", "sqrt_n", "rotor", "rockmate", "offload")
 
 
@@ -175,12 +178,12 @@ def _wanted_strategies(
         return keep is None or key == "eager" or any(key.startswith(k) for k in keep)
 
     strategies = [s for s in pytorch_strategies(model, compile_backends) if wanted(s.key)]
-    if any(wanted(f"ours:{m}") for m in methods):
+    ours_methods = [m for m in methods if any(wanted(f"{k}:{m}") for k in OUR_KINDS)]
+    if ours_methods:
         out.status("analyze + solve")
         problem = _analyze(model, inputs, out.name, out.log)
-        ours = our_strategies(
-            model, problem, [m for m in methods if wanted(f"ours:{m}")], budgets, out.log
-        )
+        backend = "inductor" if "inductor" in compile_backends else None
+        ours = our_strategies(model, problem, ours_methods, budgets, out.log, backend)
         strategies += [s for s in ours if wanted(s.key)]
     return strategies
 
@@ -209,11 +212,25 @@ def _check_gradients(runner: Runner, strategies: list[Strategy], out: _Reporter)
             if ref is None:
                 ref = grads
             row.grad_error, row.grads_match = grad_error(grads, ref)
+            if s.reference is not None:
+                row.note = _joined(row.note, _against(grads, runner.grads(s.reference), s))
         except Exception as e:
             row.note = f"failed: {type(e).__name__}: {str(e)[:120]}"
             out.log(f"[red]{s.key} {row.note}[/]")
         out.advance()
     return rows
+
+
+def _against(grads: list, other: list, s: Strategy) -> str:
+    """Whether `grads` are bit-equal to the strategy's second reference's, as a note."""
+    if bit_equal(grads, other):
+        return f"gradients torch.equal to {s.reference_name}'s"
+    worst, _ = grad_error(grads, other)
+    return f"gradients differ from {s.reference_name}'s by {worst:.1e}"
+
+
+def _joined(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def _measure_peaks(
@@ -269,9 +286,10 @@ def _summarise(rows: dict[str, Row], eager: Row, eager_peaks: dict[str, int]) ->
         row.eager_time = eager.time
         row.eager_peak = eager_peaks.get(row.peak_source, math.nan)
         if row.peak_source == "profiler":
-            row.note = (row.note + "; " if row.note else "") + (
+            row.note = _joined(
+                row.note,
                 "peak from the allocator profile (tracker cannot see inductor's buffers); "
-                "ratio against eager under the same profile"
+                "ratio against eager under the same profile",
             )
 
 
@@ -297,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, help="timed repetitions per strategy (default 7; quick 3)")
     p.add_argument("--out", help="results folder (default results/bench-<date>)")
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="instead: our native plan compiled with inductor against compiled eager at the "
+        "activation_memory_budget of the same peak (`remat bench --compiled --help`)",
+    )
     p.add_argument("--methods", help=f"our methods (default {','.join(OUR_METHODS)})")
     p.add_argument(
         "--device",
@@ -315,7 +339,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "--compiled" in given:
+        from bench.compiled import main as compiled_main
+
+        return compiled_main([a for a in given if a != "--compiled"])
+    args = _parser().parse_args(given)
     console = Console()
     if not console.is_terminal:  # a log file: wide enough that table rows do not wrap
         console = Console(width=180)

@@ -115,6 +115,14 @@ def grad_error(grads: list, ref: list) -> tuple[float, bool]:
     return worst, match
 
 
+def bit_equal(grads: list, other: list) -> bool:
+    """Every gradient torch.equal to the other's (None where the other's is None)."""
+    return all(
+        (g is None and o is None) or (g is not None and o is not None and torch.equal(g, o))
+        for g, o in zip(grads, other, strict=True)
+    )
+
+
 @contextmanager
 def bench_settings() -> Iterator[None]:
     """1 thread; inductor draws random numbers as eager does, so a gradient difference is the

@@ -109,7 +109,8 @@ def headlines(rows: Sequence[Row], method: str = "rockmate") -> list[str]:
     strategies reaching the same peak or lower; the smallest peak at <= 1.20x eager time."""
     out = []
     for model, group in by_model(rows).items():
-        planned = [r for r in group if r.ok and r.family == "ours"]
+        # the interpreter's rows: native ones hold the interpreter's prediction for now
+        planned = [r for r in group if r.ok and r.key.startswith("ours:")]
         if planned:
             worst = max(planned, key=lambda r: abs(r.peak - r.predicted_peak))
             gap = worst.peak - worst.predicted_peak

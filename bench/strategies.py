@@ -4,6 +4,7 @@ budget) and our plans, each a step function over the same model."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 import core
-from core.errors import fmt_bytes
+from core.errors import InvalidPlan, fmt_bytes
 from core.frontier import minimum_budget
 from core.memory import host_copy
 from core.plan import Plan
@@ -28,6 +29,8 @@ COMPILE_BUDGETS = (0.5, 0.2)  # torch._functorch.config.activation_memory_budget
 # rounding from the differences the budget's recomputation brings (fresh dropout masks).
 AOT_REFERENCE_BUDGET = 1.0
 EVERY_K = 2
+# methods whose plans also get a compiled native row (each is one more compile per plan)
+NATIVE_COMPILED_METHODS = ("checkpoint_blocks", "rockmate")
 # Outputs selective checkpointing keeps: matmuls and convolutions (the expensive ops).
 SAC_SAVE = frozenset(
     getattr(torch.ops.aten, name).default
@@ -51,6 +54,10 @@ class Strategy:
     predicted_peak: float = math.nan
     predicted_overhead: float = math.nan
     note: str = ""
+    # a second reference for the gradients (a compiled row: compiled eager with the same
+    # backend, whose fused kernels round as its own do), named in the row's note
+    reference: StepFn | None = None
+    reference_name: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,8 +283,12 @@ def our_strategies(
     methods: Sequence[str],
     budgets: Sequence[float] = OUR_BUDGETS,
     log: Callable[[str], None] = print,
+    native_backend: str | None = None,
 ) -> list[Strategy]:
-    """One strategy per distinct plan: a budget whose plan equals another's shares its row."""
+    """One strategy per distinct plan: a budget whose plan equals another's shares its row.
+    Each plan also runs natively (`runtime="native"`, rows `native:`), and compiled with
+    `native_backend` (rows `native-compiled:`, for the methods in NATIVE_COMPILED_METHODS)
+    when one is given."""
     peak = problem.store_all_peak
     out: list[Strategy] = []
     for method in methods:
@@ -318,4 +329,61 @@ def our_strategies(
                     predicted_overhead=plan.overhead,
                 )
             )
+            backend = native_backend if method in NATIVE_COMPILED_METHODS else None
+            out += _native_strategies(model, plan, method, first, labels, backend, log)
     return out
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model`'s modules holding the model's own parameters and buffers: a plan
+    applied natively to the copy (which replaces its layers' forwards) leaves the model's
+    other strategies untouched, while steps, resets and gradients still go to the model."""
+    memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _native_strategies(
+    model: nn.Module,
+    plan: Plan,
+    method: str,
+    first: str,
+    labels: list[str],
+    backend: str | None,
+    log: Callable[[str], None],
+) -> list[Strategy]:
+    """`plan` through the native runtime on a shared copy of the model, and that copy
+    compiled with `backend` (gradients also checked against compiled eager's)."""
+    try:
+        native = core.apply_plan(shared_copy(model), plan, runtime="native")
+    except InvalidPlan as e:  # offloads: native execution does not express them
+        log(f"ours {method} at {first}: no native row ({str(e).split(':')[0]})")
+        return []
+    budget = ", ".join(labels)
+    rows = [
+        Strategy(
+            f"native:{method}@{first}",
+            f"ours native {method}",
+            "ours",
+            budget,
+            _eager_step(native),
+            predicted_peak=plan.predicted_peak,
+            predicted_overhead=plan.overhead,
+            note="predicted: the interpreter's plan",
+        )
+    ]
+    if backend is None:
+        return rows
+    compiled_eager = torch.compile(shared_copy(model), backend=backend)
+    rows.append(
+        Strategy(
+            f"native-compiled:{method}@{first}",
+            f"ours native, compiled {backend} {method}",
+            "ours",
+            budget,
+            _eager_step(torch.compile(native, backend=backend)),
+            peak_source="profiler" if backend == "inductor" else "tracker",
+            reference=_eager_step(compiled_eager),
+            reference_name=f"torch.compile {backend} of eager",
+        )
+    )
+    return rows

@@ -12,7 +12,7 @@ from helpers import SEED_BYTES
 
 import sample_models
 from app import cli
-from bench import MissingExtra, compare, report, runtime
+from bench import MissingExtra, compare, compiled, report, runtime
 from bench.app import bench_app
 from bench.solvers import cold_options
 
@@ -24,7 +24,15 @@ def rows():
         reps=2,
         methods=("store_all", "checkpoint_blocks", "offload"),
         compile_backends=(),
-        only=["eager", "ckpt", "soc", "ours:store_all", "ours:checkpoint_blocks", "ours:offload"],
+        only=[
+            "eager",
+            "ckpt",
+            "soc",
+            "ours:store_all",
+            "ours:checkpoint_blocks",
+            "ours:offload",
+            "native:",
+        ],
         show_progress=False,
     )
 
@@ -237,3 +245,65 @@ def test_runtime_bench_prints_overhead_and_calibration(capsys):
     assert all(float(x) > 0 for x in row[1:])
     with pytest.raises(SystemExit):
         runtime.main(["--rounds", "-1"])
+
+
+@pytest.mark.slow  # the bench rows: real steps of every strategy
+def test_native_rows_beside_the_interpreter(rows):
+    """Each plan native expresses also runs with runtime="native", paired in the same run:
+    gradients bit-equal to eager's; a recomputing plan below eager's peak, store-all at it;
+    offloading plans get no native row (native refuses them)."""
+    eager = rows[0]
+    native = {r.key: r for r in rows if r.key.startswith("native:")}
+    blocks = [r for k, r in native.items() if k.startswith("native:checkpoint_blocks@")]
+    assert "native:store_all@100%" in native and blocks
+    assert not any(k.startswith("native:offload") for k in native)
+    for r in native.values():
+        assert r.ok and r.grad_error == 0 and r.grads_match, r
+        assert len(r.ratios) == 2
+    assert native["native:store_all@100%"].peak == eager.peak
+    assert all(r.peak < eager.peak for r in blocks)
+
+
+@pytest.mark.slow  # two inductor compiles of forward and backward
+def test_native_compiled_row_checks_against_compiled_eager():
+    """The compiled native row: peak from the allocator profile, gradients checked bit for bit
+    against inductor-compiled eager's (inductor's kernels round otherwise than eager's)."""
+    rows = compare.run_bench(
+        ["gpt-tiny"],
+        reps=1,
+        methods=("checkpoint_blocks",),
+        compile_backends=("inductor",),
+        only=["eager", "native-compiled:"],
+        show_progress=False,
+    )
+    (row,) = [r for r in rows if r.key.startswith("native-compiled:")]
+    assert row.ok and row.peak_source == "profiler" and row.grads_match
+    assert "gradients torch.equal to torch.compile inductor of eager's" in row.note
+    assert 0 < row.peak < row.eager_peak  # eager under the same profile
+
+
+def test_budget_search_keeps_the_nearest_peak_when_not_monotone():
+    """compiled eager's peak is not monotone in activation_memory_budget: the search keeps
+    every budget tried and returns the one whose peak is nearest the target."""
+    peaks = {1.0: 100, 0.5: 70, 0.25: 60, 0.125: 80, 0.0625: 90}
+    budget, peak, tried = compiled.search_budget(peaks.__getitem__, 50, steps=4)
+    assert (budget, peak) == (0.25, 60)
+    assert [b for b, _ in tried] == [1.0, 0.5, 0.25, 0.125, 0.0625]
+    assert compiled.search_budget(peaks.__getitem__, 72, steps=1)[:2] == (0.5, 70)
+
+
+@pytest.mark.slow  # inductor compiles of eager at each budget tried
+def test_compiled_command_line(capsys):
+    """`remat bench --compiled` on gpt-tiny: one line, no graph break, gradients equal to
+    compiled eager's."""
+    argv = ["--compiled", "--models", "gpt-tiny", "--reps", "1", "--steps", "1"]
+    assert compare.main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert line[0] == "gpt-tiny" and line[-4:-2] == ["0", "yes"], line
+
+
+@pytest.mark.parametrize("argv", [["--budgets", "half"], ["--models", "nope"], ["--reps", "0"]])
+def test_compiled_command_line_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--compiled", *argv])
+    assert e.value.code == 2 and "remat bench --compiled" in capsys.readouterr().err

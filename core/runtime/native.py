@@ -43,6 +43,7 @@ from torch.utils.checkpoint import (
 from core.errors import PlanMismatch
 from core.lowering import Lowering, Region, lower
 from core.plan import Plan, Prediction
+from core.runtime.kv_cache import kv_cache_guard
 from core.runtime.native_offload import NativeOffload
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
@@ -102,6 +103,7 @@ def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:
     context function is a plain function (torch.compile takes it as it is; a partial would
     have to be a constant) making a fresh policy for each run."""
     made: list[_Policy] = []
+    refuse_kv_cache = kv_cache_guard(region.module, forward)
 
     def contexts() -> tuple[Any, Any]:
         made[:] = [_Policy(region)]
@@ -111,6 +113,7 @@ def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        refuse_kv_cache(args, kwargs)
         out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         if not torch.compiler.is_compiling():
             made[0].check_done()
