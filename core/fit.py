@@ -27,13 +27,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.errors import InfeasibleBudget, RematError
+from core.footprint import OPTIMIZER_STATES, optimizer_bytes
 from core.problem import Problem, analyze
 from core.shapes import expand
 from core.solvers import solve
 from core.trace import join_call, split_call
 from core.trace.model_call import ModelCall
 
-OPTIMIZERS = {"adamw": 2.0, "adam": 2.0, "sgd": 1.0, "none": 0.0}  # states per parameter
+OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
 STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
 _METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
 
@@ -150,18 +151,14 @@ class Fitter:
             self.device,
             ", ".join(str(list(s)) for s in self._probe.shapes(1)),
             one.param_bytes,
-            self._optimizer_bytes(one),
+            optimizer_bytes(one, self.optimizer),
             fits,
             dict(self._probe.seconds),
         )
 
-    def _optimizer_bytes(self, problem: Problem) -> int:
-        trainable = sum(v.nbytes for v in problem.graph.values if v.kind == "param")
-        return int(OPTIMIZERS[self.optimizer] * trainable)
-
     def _fixed(self, problem: Problem) -> int:
         """Bytes held whatever the strategy: parameters, buffers, optimizer state, inputs."""
-        return problem.param_bytes + self._optimizer_bytes(problem) + problem.input_bytes
+        return problem.param_bytes + optimizer_bytes(problem, self.optimizer) + problem.input_bytes
 
     def _evaluate(self, strategy: str, batch: int, memory: int, overhead: float) -> Fit | None:
         """The strategy's step at `batch` if it fits `memory` within `overhead`, else None."""

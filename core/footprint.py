@@ -22,7 +22,9 @@ CAPACITY: dict[str, int] = {
     "v100": 32 * GIB,
     "rtx4090": 24 * GIB,
 }
-ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq per trainable parameter
+# optimizer states per trainable parameter, each its size: AdamW/Adam's exp_avg and
+# exp_avg_sq, SGD's momentum buffer
+OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}
 OPTIMIZER = "AdamW (two moments per parameter, in the parameters' dtype)"
 
 
@@ -77,6 +79,12 @@ def device_memory(device: str) -> int:
     )
 
 
+def optimizer_bytes(problem: Any, optimizer: str = "adamw") -> int:
+    """Bytes of `optimizer`'s state for the problem's trainable parameters."""
+    trainable = sum(v.nbytes for v in problem.graph.values if v.kind == "param")
+    return OPTIMIZER_STATES[optimizer] * trainable
+
+
 def footprint(problem: Any, plan: Any, device: str) -> Footprint:
     """What training with `plan` holds at its peak step on `device` (a `core.costs` preset
     name, or "here"), optimizer state for AdamW."""
@@ -87,7 +95,7 @@ def footprint(problem: Any, plan: Any, device: str) -> Footprint:
     peak = max(steps, key=lambda s: s.activations + s.temporaries + s.gradients)
     return Footprint(
         parameters=trainable + buffers,
-        optimizer=ADAMW_MOMENTS * trainable,
+        optimizer=optimizer_bytes(problem, "adamw"),
         inputs=problem.input_bytes,
         activations=peak.activations,
         temporaries=peak.temporaries,
