@@ -13,6 +13,7 @@ from core.errors import (
 from core.fit import Fitter
 from core.frontier import tradeoff
 from core.layout import Arena, arena
+from core.lowering import lower
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, load_plan
 from core.problem import Problem, analyze
@@ -47,6 +48,7 @@ __all__ = [
     "arena",
     "chunked_head",
     "load_plan",
+    "lower",
     "parallel_plan",
     "parallelize",
     "parse_budget",
