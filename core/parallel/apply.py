@@ -4,14 +4,19 @@ Tensor parallelism: `parallelize_module` with `ColwiseParallel` on each pair's c
 and `RowwiseParallel` on its row layer (DTensor shards the weights and inserts the
 all-reduces). Data parallelism over dp ranks: FSDP2's `fully_shard` on every layer of a
 repeated kind, then on the root; or `DistributedDataParallel` for a replicated layout.
-The rank's remat plan: `core.apply_plan(model, plan, runtime="native")` on the model before it
-is sharded, when the plan recomputes anything and was made for this model's shapes (tp 1);
-with tp > 1 the rank's plan was made on the sharded replica's trace, which the full-width
-model does not match, and the native runtime does not yet bind a plan to a tensor-parallel
-model: RematError says so (docs/parallel.md).
+
+The rank's remat plan, when it recomputes anything, runs through the native runtime
+(checkpoint with a selective policy on the layers). With tp 1 it is bound to the model by
+`core.apply_plan` before any sharding. With tp > 1 the plan was made on one rank's replica
+(local shards), so it is installed after `parallelize_module`: the model's parameters, as
+local shards, must be the plan's; the policy sees DTensor-level ops, the same ATen ops in
+the same order as the replica's trace, with the same local sizes; the layout's own hooks
+(from_local, redistribute, to_local) run under `untraced_ops`, recomputed and not counted.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -24,8 +29,50 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from core.errors import PlanMismatch
+from core.parallel.measure import local
 from core.parallel.search import Layout, ParallelError, ParallelPlan
+from core.plan import Plan
 from core.runtime import apply_plan
+from core.runtime.native import apply_native, untraced_ops
+from core.trace import TensorSpec
+from core.validate import check_program
+
+
+class _Colwise(ColwiseParallel):
+    """ColwiseParallel whose hooks' ops are marked as none of the rank trace's."""
+
+    @staticmethod
+    def _prepare_input_fn(
+        layouts: Any, desired: Any, mod: nn.Module, inputs: Any, device_mesh: DeviceMesh
+    ) -> Any:
+        with untraced_ops():
+            return ColwiseParallel._prepare_input_fn(layouts, desired, mod, inputs, device_mesh)
+
+    @staticmethod
+    def _prepare_output_fn(
+        layouts: Any, use_local: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh
+    ) -> Any:
+        with untraced_ops():
+            return ColwiseParallel._prepare_output_fn(layouts, use_local, mod, outputs, device_mesh)
+
+
+class _Rowwise(RowwiseParallel):
+    """RowwiseParallel whose hooks' ops are marked as none of the rank trace's."""
+
+    @staticmethod
+    def _prepare_input_fn(
+        layouts: Any, desired: Any, mod: nn.Module, inputs: Any, device_mesh: DeviceMesh
+    ) -> Any:
+        with untraced_ops():
+            return RowwiseParallel._prepare_input_fn(layouts, desired, mod, inputs, device_mesh)
+
+    @staticmethod
+    def _prepare_output_fn(
+        layouts: Any, use_local: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh
+    ) -> Any:
+        with untraced_ops():
+            return RowwiseParallel._prepare_output_fn(layouts, use_local, mod, outputs, device_mesh)
 
 
 def parallelize(
@@ -42,23 +89,19 @@ def parallelize(
     layout = parallel_plan.best if isinstance(parallel_plan, ParallelPlan) else parallel_plan
     if layout is None:
         raise ParallelError("the parallel plan found no layout that fits: nothing to apply")
-    recomputes = remat and layout.plan is not None and layout.plan.recomputed_ops > 0
-    if recomputes and layout.tp > 1:
-        raise ParallelError(
-            f"the rank's remat plan of {layout.name} recomputes ops on a tensor-parallel "
-            "model, which the native runtime does not bind yet: pass remat=False (its peak "
-            "is then the store-all one), plan with more memory, or use tp=1"
-        )
+    plan = layout.plan if remat and layout.plan and layout.plan.recomputed_ops > 0 else None
     dp_mesh, tp_mesh = _meshes(mesh, layout)
     step = model
-    if recomputes and layout.plan is not None:
-        step = apply_plan(model, layout.plan, runtime="native")
+    if plan is not None and tp_mesh is None:
+        step = apply_plan(model, plan, runtime="native")
     if tp_mesh is not None:
         styles: dict[str, ParallelStyle] = {}
         for pair in layout.pairs:
-            styles.update({c: ColwiseParallel() for c in pair.columns})
-            styles[pair.row] = RowwiseParallel()
+            styles.update({c: _Colwise() for c in pair.columns})
+            styles[pair.row] = _Rowwise()
         parallelize_module(model, tp_mesh, styles)
+        if plan is not None:
+            step = _apply_rank_plan(model, plan)
     if dp_mesh is None:
         return step
     if layout.data == "ddp":
@@ -67,6 +110,31 @@ def parallelize(
         fully_shard(unit, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
     return step
+
+
+def _apply_rank_plan(model: nn.Module, plan: Plan) -> nn.Module:
+    """`plan`, made on one rank's replica, installed natively on the tensor-parallel model:
+    its parameters' local shards must be the replica's (names, shapes, dtypes); the ops are
+    checked as they run (the policy's PlanMismatch)."""
+    problem = plan.problem
+    if problem is None:
+        raise ParallelError("the layout's rank plan has no problem: make it with parallel_plan")
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    mine = [[n, str(TensorSpec.of(local(p)))] for n, p in params]
+    theirs = plan.graph_meta.get("params", [])
+    for (n, a), (m, b) in zip(mine, theirs):
+        if (n, a) != (m, b):
+            raise PlanMismatch(
+                f"parameter {n} holds {a} on this rank, the rank plan has {m} {b}: apply the "
+                "layout to the model it was planned for, before any other sharding"
+            )
+    if len(mine) != len(theirs):
+        raise PlanMismatch(
+            f"the model has {len(mine)} parameters, the rank plan {len(theirs)}: apply the "
+            "layout to the model it was planned for"
+        )
+    check_program(plan, problem)
+    return apply_native(model, plan, problem.loss_fn, problem.graph.trace.call.loss)
 
 
 def _meshes(mesh: DeviceMesh, layout: Layout) -> tuple[DeviceMesh | None, DeviceMesh | None]:

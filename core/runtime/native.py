@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -51,6 +51,20 @@ _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUT
 # (torch/fx/experimental/proxy_tensor.py): eager dispatch shows the former
 _TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 _MARK = "_remat_native"  # attribute on the model: the installed lowering (to remove it)
+_UNTRACED = [0]  # depth of `untraced_ops` contexts now open
+
+
+@contextlib.contextmanager
+def untraced_ops() -> Iterator[None]:
+    """Ops run inside are none of the trace's: a tensor-parallel layout's module hooks
+    (DTensor's `from_local`, `redistribute` and its collectives, `to_local`), which one rank's
+    trace, made on a replica holding local shards, does not have. The policy recomputes them
+    and does not count them against the trace."""
+    _UNTRACED[0] += 1
+    try:
+        yield
+    finally:
+        _UNTRACED[0] -= 1
 
 
 class _Policy:
@@ -63,6 +77,8 @@ class _Policy:
         self.per_op: dict[Any, int] = {}  # under torch.compile: calls per op so far
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if _UNTRACED[0]:
+            return _RECOMPUTE
         if torch.compiler.is_compiling():
             return self._traced(op)
         region, n = self.region, self.calls
