@@ -67,6 +67,10 @@ class OptimizerStep:
             self.hyper.append(None if group is None else _hyper(optimizer, group))
             self.states.append({} if group is None else _init_state(optimizer, group, p))
 
+    def to_data(self) -> dict[str, Any]:
+        """What a plan file records of the optimizer (`optimizer_data`)."""
+        return optimizer_data(self.optimizer, self.params)
+
     def updates(self, i: int) -> bool:
         """Whether parameter i is updated in the step (it is in the optimizer)."""
         return self.hyper[i] is not None
@@ -109,6 +113,51 @@ class OptimizerStep:
         return update
 
 
+HYPER_FIELDS = tuple(f for f in _Hyper.__dataclass_fields__ if f != "kind")
+
+
+def optimizer_data(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> dict[str, Any]:
+    """The optimizer as a plan file records it, plain data only: its kind, each distinct
+    group's hyperparameters and, per trainable parameter (trace order), the index of its
+    group (-1: not updated). Creates no state; raises UnsupportedOptimizer as analyze does."""
+    _check_optimizer(optimizer)
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    groups: list[dict[str, Any]] = []
+    of: list[int] = []
+    for p in params:
+        g = group_of.get(id(p))
+        if g is None:
+            of.append(-1)
+            continue
+        h = _hyper(optimizer, g)
+        entry = {f: getattr(h, f) for f in HYPER_FIELDS}
+        if entry not in groups:
+            groups.append(entry)
+        of.append(groups.index(entry))
+    return {"kind": _hyper_kind(optimizer), "groups": groups, "of": of}
+
+
+def describe_optimizer_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """What differs between two `optimizer_data` records, in words."""
+    if mine["kind"] != theirs["kind"]:
+        return f"the optimizer is {mine['kind']}, the plan's is {theirs['kind']}"
+    if mine["of"] != theirs["of"]:
+        return "the optimizer holds other parameters (or groups) than the plan's"
+    for a, b in zip(mine["groups"], theirs["groups"], strict=False):
+        diff = [f"{k} {a[k]!r} (plan: {b[k]!r})" for k in HYPER_FIELDS if a.get(k) != b.get(k)]
+        if diff:
+            return "the optimizer's " + ", ".join(diff)
+    return "the optimizer's parameter groups differ from the plan's"
+
+
+def _hyper_kind(optimizer: torch.optim.Optimizer) -> str:
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd"
+    return "adamw" if isinstance(optimizer, torch.optim.AdamW) else "adam"
+
+
 def _check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if type(optimizer) not in _SUPPORTED:
         raise UnsupportedOptimizer(
@@ -133,7 +182,7 @@ def _hyper(optimizer: torch.optim.Optimizer, g: dict[str, Any]) -> _Hyper:
         return _Hyper(
             "sgd", g["lr"], g["weight_decay"], g["momentum"], g["nesterov"], g["maximize"]
         )
-    kind = "adamw" if isinstance(optimizer, torch.optim.AdamW) else "adam"
+    kind = _hyper_kind(optimizer)
     b1, b2 = g["betas"]
     return _Hyper(kind, g["lr"], g["weight_decay"], 0.0, False, g["maximize"], b1, b2, g["eps"])
 

@@ -123,3 +123,62 @@ def test_what_the_step_cannot_honour_is_refused_by_name():
     model[0].weight.grad = torch.zeros_like(model[0].weight)  # accumulation from eager
     with pytest.raises(UnsupportedOptimizer, match="accumulation"):
         run(x, targets=y)
+
+
+def test_a_saved_plan_binds_its_optimizer_in_a_fresh_model(tmp_path):
+    """The optimizer is recorded in the plan file (kind, hyperparameters, groups): a fresh
+    model and optimizer in another process apply it, and equal eager AdamW bit for bit."""
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    kw = dict(lr=1e-2, weight_decay=0.1, foreach=False)
+    made = mlp()
+    problem = core.analyze(
+        made,
+        (x,),
+        loss_fn=loss_fn,
+        targets=(y,),
+        optimizer=torch.optim.AdamW(made.parameters(), **kw),
+    )
+    core.solve(problem, 1.0, method="checkpoint_blocks").save(tmp_path / "plan.pkl")
+    plan = core.load_plan(tmp_path / "plan.pkl")
+    assert plan.graph_meta["optimizer"]["kind"] == "adamw"
+    eager, fresh = mlp(), mlp()
+    opt_a = torch.optim.AdamW(eager.parameters(), **kw)
+    with pytest.raises(core.PlanMismatch, match="optimizer=opt"):
+        core.apply_plan(fresh, plan, loss_fn=loss_fn)
+    with pytest.raises(core.PlanMismatch, match="lr 0.02"):
+        other = torch.optim.AdamW(fresh.parameters(), **{**kw, "lr": 2e-2})
+        core.apply_plan(fresh, plan, loss_fn=loss_fn, optimizer=other)
+    with pytest.raises(core.PlanMismatch, match="adam, the plan's is adamw"):
+        other = torch.optim.Adam(fresh.parameters(), **kw)
+        core.apply_plan(fresh, plan, loss_fn=loss_fn, optimizer=other)
+    opt_b = torch.optim.AdamW(fresh.parameters(), **kw)
+    run = core.apply_plan(fresh, plan, loss_fn=loss_fn, optimizer=opt_b)
+    for _ in range(20):
+        opt_a.zero_grad()
+        loss_fn(eager(x), y).backward()
+        opt_a.step()
+        existing = step_tensors(fresh, [x, y]) + opt_tensors(opt_b)
+        with StorageTracker(existing) as tracker:
+            run(x, targets=y).backward()
+        assert tracker.peak == run.plan.predicted_peak + SEED_BYTES
+    for (n, p), q in zip(eager.named_parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(p, q), n
+    for s, t in zip(opt_tensors(opt_a), opt_tensors(opt_b), strict=True):
+        assert torch.equal(s, t)
+
+
+def test_a_plan_file_with_a_damaged_optimizer_record_is_refused():
+    from core.plan_io import check_graph_meta
+
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    meta = core.analyze(model, (x,), loss_fn=loss_fn, targets=(y,), optimizer=opt).graph_meta
+    check_graph_meta(meta)
+    for damage in (
+        {"kind": "lion"},
+        {"groups": [{**meta["optimizer"]["groups"][0], "lr": "os.system"}]},
+        {"of": [0]},
+    ):
+        with pytest.raises(core.PlanFileError, match="optimizer"):
+            check_graph_meta({**meta, "optimizer": {**meta["optimizer"], **damage}})

@@ -157,6 +157,7 @@ def apply_plan(
     plan: Plan,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     runtime: str = "interpreter",
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> nn.Module:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
     made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
@@ -173,10 +174,14 @@ def apply_plan(
     policies on the model's layers and returns the model itself (or a `NativeStep` computing
     the loss), which composes with torch.compile and FSDP2; its peak is not the prediction
     (`core.runtime.native`).
+
+    optimizer: for a plan that runs the optimizer inside its step (analyze's optimizer=),
+    loaded from a file or applied to another model: the optimizer whose states the step
+    updates, of the recorded kind and hyperparameters (PlanMismatch otherwise).
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
-    bound = bind(model, plan, loss_fn)
+    bound = bind(model, plan, loss_fn, optimizer)
     if runtime == "native":
         with_loss = bound.graph.trace.call.loss
         return apply_native(model, bound.plan, bound.loss_fn, with_loss)
