@@ -78,6 +78,24 @@ class Graph:
         return [op.index for op in self.ops if op.phase == "backward"]
 
     @cached_property
+    def read_versions(self) -> dict[tuple[int, int], int]:
+        """(op, placeholder storage an optimizer's update writes) -> how many update writes
+        of it precede the op's read in trace order: the version the op must read. An update
+        writes parameters and states in place (as torch's single-tensor step), so each read
+        keeps its place among the writes: before them (the forward, the gradients) or after
+        the write it follows (the update's own later ops)."""
+        writers: dict[int, list[int]] = {}
+        for op in self.ops:
+            for s in op.writes if op.update else ():
+                writers.setdefault(s, []).append(op.nodes[0])
+        out: dict[tuple[int, int], int] = {}
+        for op in self.ops:
+            for s in op.inputs:
+                if s in writers:
+                    out[op.index, s] = sum(w < op.nodes[0] for w in writers[s])
+        return out
+
+    @cached_property
     def value_nodes(self) -> dict[int, tuple[int, ...]]:
         """ATen nodes whose results alias each value: dropped together when it is freed."""
         out: dict[int, list[int]] = {}

@@ -71,6 +71,10 @@ class OptimizerStep:
         """What a plan file records of the optimizer (`optimizer_data`)."""
         return optimizer_data(self.optimizer, self.params)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every state tensor the step updates (moments, buffers, step counts)."""
+        return [t for states in self.states for t in states.values()]
+
     def updates(self, i: int) -> bool:
         """Whether parameter i is updated in the step (it is in the optimizer)."""
         return self.hyper[i] is not None
