@@ -8,9 +8,10 @@ after its update. Optimizer states (moments, momentum buffers, the step count) a
 optimizer's own tensors, created here in `optimizer.state` and lifted into the trace as
 constants: persistent, like parameters, outside every peak, updated in place each step.
 
-Each written tensor (a parameter, a state) is written by one in-place `copy_` at the end of
-its update, from values computed out of place: the write depends on everything it reads, so
-no reordering of the program can move it before a computation of the update.
+Parameters and states are written in place, in torch's single-tensor sequence, so an update
+holds the temporaries torch's holds. The graph (core.graph) makes every write of a tensor and
+every later read of it one op, so whatever order a solver picks keeps each read on its side
+of each write.
 
 What it cannot honour raises `UnsupportedOptimizer`, saying what to do instead: gradient
 clipping by global norm (it needs every gradient before any update), accumulation across
@@ -212,39 +213,33 @@ def _init_state(
 
 
 def _sgd(p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], h: _Hyper) -> None:
-    """torch.optim.SGD's single-tensor update, written once into p (and the buffer)."""
+    """torch.optim.SGD's single-tensor update, in place on p and the buffer as torch's."""
     g = -grad if h.maximize else grad
     if h.weight_decay:
         g = g.add(p, alpha=h.weight_decay)
     if h.momentum:
         buf = state["momentum_buffer"]
-        new_buf = buf.mul(h.momentum).add(g)  # a zero buffer's first step gives g, as torch's
-        g = g.add(new_buf, alpha=h.momentum) if h.nesterov else new_buf
-        buf.copy_(new_buf)
-    p.copy_(p.add(g, alpha=-h.lr))
+        buf.mul_(h.momentum).add_(g)  # a zero buffer's first step gives g, as torch's clone
+        g = g.add(buf, alpha=h.momentum) if h.nesterov else buf
+    p.add_(g, alpha=-h.lr)
 
 
 def _adam(p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], h: _Hyper) -> None:
-    """torch.optim.Adam/AdamW's single-tensor update (bias corrections from the float64 step
-    count), written once into p and each state."""
+    """torch.optim.Adam/AdamW's single-tensor update, in place on p and each state as torch's
+    (bias corrections from the float64 step count: traced, they change every step)."""
     g = -grad if h.maximize else grad
-    step = state["step"].add(1)
+    step = state["step"].add_(1)
     if h.weight_decay and h.kind == "adamw":
-        new_p = p.mul(1 - h.lr * h.weight_decay)
-    else:
-        new_p = p
-        if h.weight_decay:
-            g = g.add(p, alpha=h.weight_decay)
-    exp_avg = state["exp_avg"].lerp(g, 1 - h.beta1)
-    exp_avg_sq = state["exp_avg_sq"].mul(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+        p.mul_(1 - h.lr * h.weight_decay)
+    elif h.weight_decay:
+        g = g.add(p, alpha=h.weight_decay)
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    exp_avg.lerp_(g, 1 - h.beta1)
+    exp_avg_sq.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
     bias1 = 1 - torch.pow(h.beta1, step)
     bias2_sqrt = (1 - torch.pow(h.beta2, step)).sqrt()
     step_size = (h.lr / bias1).neg()
-    denom = exp_avg_sq.sqrt().div_(bias2_sqrt).add_(h.eps)  # in place on temporaries, as
+    denom = exp_avg_sq.sqrt().div_(bias2_sqrt).add_(h.eps)
     update = exp_avg.mul(step_size).div_(denom)  # torch's addcdiv_: p + (value * m) / denom
     del denom
-    new_p = new_p.add_(update) if new_p is not p else p.add(update)
-    state["step"].copy_(step)
-    state["exp_avg"].copy_(exp_avg)
-    state["exp_avg_sq"].copy_(exp_avg_sq)
-    p.copy_(new_p)
+    p.add_(update)

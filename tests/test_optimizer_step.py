@@ -182,3 +182,38 @@ def test_a_plan_file_with_a_damaged_optimizer_record_is_refused():
     ):
         with pytest.raises(core.PlanFileError, match="optimizer"):
             check_graph_meta({**meta, "optimizer": {**meta["optimizer"], **damage}})
+
+
+@pytest.mark.parametrize(
+    "opt_cls,kw",
+    [
+        (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        (torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1, maximize=True)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ],
+)
+def test_the_update_holds_no_more_than_torchs_in_place_step(opt_cls, kw):
+    """Where the update is the peak (one large weight, one row), the step with the optimizer
+    in it holds no more than eager backward + torch's single-tensor step."""
+    torch.manual_seed(0)
+    model = nn.Linear(256, 256, bias=False)
+    x, y = torch.randn(1, 256), torch.randint(0, 256, (1,))
+    eager = opt_cls(model.parameters(), foreach=False, **kw)
+    loss_fn(model(x), y).backward()
+    eager.step()  # creates the states, so both sides start with them
+    model.weight.grad = None
+    existing = step_tensors(model, [x, y]) + opt_tensors(eager)
+    with StorageTracker(existing) as tracker:
+        loss_fn(model(x), y).backward()
+        eager.step()
+    model.weight.grad = None
+    problem = core.analyze(model, (x,), loss_fn=loss_fn, targets=(y,), optimizer=eager)
+    plan = core.solve(problem, 1.0, method="store_all")
+    planned_steps(model, (x,), (y,), eager, plan, 1)
+    # beyond torch's, bytes, not parameters: the loss and backward's seed (4 B each) live
+    # while the updates run inside the backward; Adam's bias corrections are two float64
+    # scalars (8 B each) where torch's are Python floats (the step count they come from
+    # changes every step, so they are traced tensors). One more weight-sized temporary
+    # (256 KiB) would fail.
+    scalars = 2 * 8 if opt_cls is not torch.optim.SGD else 0
+    assert plan.predicted_peak + SEED_BYTES <= tracker.peak + 4 + 4 + scalars
