@@ -217,3 +217,16 @@ def test_the_update_holds_no_more_than_torchs_in_place_step(opt_cls, kw):
     # (256 KiB) would fail.
     scalars = 2 * 8 if opt_cls is not torch.optim.SGD else 0
     assert plan.predicted_peak + SEED_BYTES <= tracker.peak + 4 + 4 + scalars
+
+
+def test_a_program_reading_a_parameter_after_its_update_is_refused():
+    """A recomputation of a forward op after its weight's update would read the new value."""
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    problem = core.analyze(model, (x,), loss_fn=loss_fn, targets=(y,), optimizer=opt)
+    plan = core.solve(problem, 1.0, method="store_all")
+    first = next(op for op in problem.graph.ops if op.phase == "forward")
+    late = [("run", first.index)] + [("free", v) for v in first.outputs]
+    with pytest.raises(core.InvalidPlan, match="after .* updated it"):
+        core.apply_plan(model, plan.replace(program=[*plan.program, *late]))
