@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.errors import PlanMismatch, UnsupportedModel
 from core.graph import Graph
+from core.optimizer_step import describe_optimizer_difference, optimizer_data
 from core.plan import Plan
 from core.plan_io import check_graph_meta
 from core.problem import Problem, analyze
@@ -38,19 +39,29 @@ class Bound:
     loss_fn: Callable[..., torch.Tensor] | None
 
 
-def bind(model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None = None) -> Bound:
+def bind(
+    model: nn.Module,
+    plan: Plan,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Bound:
     """`plan` checked against `model` and bound to a problem. A plan made on this very model
-    in this process is used as it is (its loss_fn the problem's unless one is given); any
-    other is checked against the model's trace (PlanMismatch says what differs). Then its
-    program is validated (InvalidPlan names the step and the reason)."""
+    in this process is used as it is (its loss_fn and optimizer the problem's unless others
+    are given); any other is checked against the model's trace (PlanMismatch says what
+    differs), with `optimizer` bound to the step when the plan runs one (it must be the
+    recorded kind and hyperparameters). Then its program is validated (InvalidPlan names the
+    step and the reason)."""
     problem = plan.problem
-    if problem is not None and problem.model_ref is not None and problem.model_ref() is model:
+    same = problem is not None and problem.model_ref is not None and problem.model_ref() is model
+    if same and problem is not None and optimizer is not None:  # another optimizer: retrace
+        same = problem.optimizer_step is not None and problem.optimizer_step.optimizer is optimizer
+    if same and problem is not None:
         graph, loss_fn = problem.graph, loss_fn or problem.loss_fn
     else:
-        mine = _problem_for(model, plan, loss_fn)
+        mine = _problem_for(model, plan, loss_fn, optimizer)
         graph = mine.graph
-        if problem is None:
-            plan = plan.attach(mine)
+        if problem is None or mine.optimizer_step is not None:
+            plan = plan.attach(mine)  # the step runs this optimizer, its states
         elif problem.fingerprint != mine.fingerprint:
             raise PlanMismatch(
                 "the plan was made for another graph: "
@@ -61,12 +72,16 @@ def bind(model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | No
 
 
 def _problem_for(
-    model: nn.Module, plan: Plan, loss_fn: Callable[..., torch.Tensor] | None
+    model: nn.Module,
+    plan: Plan,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Problem:
     """Trace `model` on fake inputs shaped and passed as the plan records (nothing is
     allocated, however large the recorded shapes) and check the trace is the plan's."""
     check_graph_meta(plan.graph_meta)
     _check_params(model, plan)
+    _check_optimizer(model, plan, optimizer)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with FakeTensorMode():
         example = [
@@ -98,6 +113,7 @@ def _problem_for(
             targets,
             autocast=Autocast.from_data(plan.graph_meta.get("autocast", [])),
             loss_head=LossHead.from_data(plan.graph_meta.get("loss_head")),
+            optimizer=optimizer,
         )
     except UnsupportedModel as e:
         raise PlanMismatch(
@@ -111,6 +127,30 @@ def _problem_for(
             + ": make a new plan for this model"
         )
     return problem
+
+
+def _check_optimizer(model: nn.Module, plan: Plan, optimizer: torch.optim.Optimizer | None) -> None:
+    """The optimizer given must be the one the plan runs in its step (kind, hyperparameters,
+    parameters held), or none when the plan runs none."""
+    theirs = plan.graph_meta.get("optimizer")
+    if theirs is None and optimizer is not None:
+        raise PlanMismatch(
+            "this plan does not run an optimizer in its step: apply it without optimizer= and "
+            "step the optimizer yourself, or make a plan with core.analyze(..., optimizer=opt)"
+        )
+    if theirs is not None and optimizer is None:
+        raise PlanMismatch(
+            f"this plan runs {theirs['kind']} inside its step: pass that optimizer, "
+            "core.apply_plan(model, plan, optimizer=opt)"
+        )
+    if optimizer is None or theirs is None:
+        return
+    mine = optimizer_data(optimizer, [p for p in model.parameters() if p.requires_grad])
+    if mine != theirs:
+        raise PlanMismatch(
+            describe_optimizer_difference(mine, theirs)
+            + ": pass the optimizer the plan was made with, or make a new plan with this one"
+        )
 
 
 def _check_params(model: nn.Module, plan: Plan) -> None:

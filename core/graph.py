@@ -78,6 +78,24 @@ class Graph:
         return [op.index for op in self.ops if op.phase == "backward"]
 
     @cached_property
+    def read_versions(self) -> dict[tuple[int, int], int]:
+        """(op, placeholder storage an optimizer's update writes) -> how many update writes
+        of it precede the op's read in trace order: the version the op must read. An update
+        writes parameters and states in place (as torch's single-tensor step), so each read
+        keeps its place among the writes: before them (the forward, the gradients) or after
+        the write it follows (the update's own later ops)."""
+        writers: dict[int, list[int]] = {}
+        for op in self.ops:
+            for s in op.writes if op.update else ():
+                writers.setdefault(s, []).append(op.nodes[0])
+        out: dict[tuple[int, int], int] = {}
+        for op in self.ops:
+            for s in op.inputs:
+                if s in writers:
+                    out[op.index, s] = sum(w < op.nodes[0] for w in writers[s])
+        return out
+
+    @cached_property
     def value_nodes(self) -> dict[int, tuple[int, ...]]:
         """ATen nodes whose results alias each value: dropped together when it is freed."""
         out: dict[int, list[int]] = {}
@@ -102,6 +120,9 @@ def build_graph(trace: Trace) -> Graph:
     prologue: list[int] = []
     placeholder_storage: set[int] = set()
 
+    backward_begins = _backward_begins(trace)
+    updating: dict[int, int] = {}  # placeholder storage written in the backward -> its group
+
     for node in nodes:
         if node.role != "op":
             for s in node.storages:
@@ -114,7 +135,17 @@ def build_graph(trace: Trace) -> Graph:
             joins = {group_of[node.reads[0]]}
         if len(joins) > 1:
             raise UnsupportedModel(f"the op {node.label} aliasing several tensors", "")
-        if joins:
+        written = [w for w in _written_storages(trace, node) if w in placeholder_storage]
+        if node.index > backward_begins and (written or _reads_any(trace, node, updating)):
+            # an optimizer's in-place update: with every other write of, and later read of,
+            # the same parameter or state, one op (so every order a solver picks is right)
+            joins |= {updating[s] for s in _read_storages(trace, node) if s in updating}
+            joins |= {updating[s] for s in written if s in updating}
+            g = _merge(sorted(joins), groups, group_of, owner, updating) if joins else len(groups)
+            if g == len(groups):
+                groups.append([])
+            updating.update({s: g for s in written})
+        elif joins:
             g = joins.pop()
         elif new or any(w in placeholder_storage for w in _written_storages(trace, node)):
             g = len(groups)
@@ -128,19 +159,15 @@ def build_graph(trace: Trace) -> Graph:
             owner[s] = g
             values[s].name = node.name
 
+    if any(not m for m in groups):  # folded into others by _merge
+        keep = {g: i for i, g in enumerate(g for g, m in enumerate(groups) if m)}
+        groups = [m for m in groups if m]
+        group_of = {n: keep[g] for n, g in group_of.items()}
+        owner = {s: keep[g] for s, g in owner.items()}
     _check_no_write_after_foreign_read(trace, groups, group_of)
     ops = _make_ops(trace, groups, owner, placeholder_storage)
     model_outputs = {nodes[n].storages[0] for n in trace.outputs}
     final = model_outputs | {nodes[g].storages[0] for g in trace.grads if g is not None}
-    tangents = {s for n in nodes if n.role == "tangent" for s in n.storages}
-    backward_begins = next(
-        (
-            n.index
-            for n in nodes
-            if n.role == "op" and any(s in tangents for r in n.reads for s in nodes[r].storages)
-        ),
-        len(nodes),
-    )
     ops = _drop_dead_and_classify(ops, final, model_outputs, backward_begins)
     for op in ops:
         for v in op.outputs:
@@ -156,6 +183,50 @@ def build_graph(trace: Trace) -> Graph:
     of_tangent = tuple(n for n in prologue if nodes[n].storages[0] in tangent_storage)
     rest = tuple(n for n in prologue if n not in of_tangent)
     return Graph(trace, ops, values, rest, of_tangent, frozenset(final))
+
+
+def _backward_begins(trace: Trace) -> int:
+    """The first node reading the incoming gradient (the tangents)."""
+    nodes = trace.nodes
+    tangents = {s for n in nodes if n.role == "tangent" for s in n.storages}
+    return next(
+        (
+            n.index
+            for n in nodes
+            if n.role == "op" and any(s in tangents for r in n.reads for s in nodes[r].storages)
+        ),
+        len(nodes),
+    )
+
+
+def _read_storages(trace: Trace, node) -> set[int]:
+    return {s for r in node.reads for s in trace.nodes[r].storages}
+
+
+def _reads_any(trace: Trace, node, storages: dict[int, int]) -> bool:
+    return any(s in storages for s in _read_storages(trace, node))
+
+
+def _merge(
+    targets: list[int],
+    groups: list[list[int]],
+    group_of: dict[int, int],
+    owner: dict[int, int],
+    updating: dict[int, int],
+) -> int:
+    """Fold groups `targets[1:]` into `targets[0]` (nodes kept in traced order); emptied
+    groups stay as empty lists, dropped when ops are made."""
+    g = targets[0]
+    for h in targets[1:]:
+        groups[g] = sorted(groups[g] + groups[h])
+        for n in groups[h]:
+            group_of[n] = g
+        groups[h] = []
+        for table in (owner, updating):
+            for s, x in table.items():
+                if x == h:
+                    table[s] = g
+    return g
 
 
 def _written_storages(trace: Trace, node) -> list[int]:

@@ -8,9 +8,10 @@ after its update. Optimizer states (moments, momentum buffers, the step count) a
 optimizer's own tensors, created here in `optimizer.state` and lifted into the trace as
 constants: persistent, like parameters, outside every peak, updated in place each step.
 
-Each written tensor (a parameter, a state) is written by one in-place `copy_` at the end of
-its update, from values computed out of place: the write depends on everything it reads, so
-no reordering of the program can move it before a computation of the update.
+Parameters and states are written in place, in torch's single-tensor sequence, so an update
+holds the temporaries torch's holds. The graph (core.graph) makes every write of a tensor and
+every later read of it one op, so whatever order a solver picks keeps each read on its side
+of each write.
 
 What it cannot honour raises `UnsupportedOptimizer`, saying what to do instead: gradient
 clipping by global norm (it needs every gradient before any update), accumulation across
@@ -67,6 +68,14 @@ class OptimizerStep:
             self.hyper.append(None if group is None else _hyper(optimizer, group))
             self.states.append({} if group is None else _init_state(optimizer, group, p))
 
+    def to_data(self) -> dict[str, Any]:
+        """What a plan file records of the optimizer (`optimizer_data`)."""
+        return optimizer_data(self.optimizer, self.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every state tensor the step updates (moments, buffers, step counts)."""
+        return [t for states in self.states for t in states.values()]
+
     def updates(self, i: int) -> bool:
         """Whether parameter i is updated in the step (it is in the optimizer)."""
         return self.hyper[i] is not None
@@ -109,6 +118,51 @@ class OptimizerStep:
         return update
 
 
+HYPER_FIELDS = tuple(f for f in _Hyper.__dataclass_fields__ if f != "kind")
+
+
+def optimizer_data(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> dict[str, Any]:
+    """The optimizer as a plan file records it, plain data only: its kind, each distinct
+    group's hyperparameters and, per trainable parameter (trace order), the index of its
+    group (-1: not updated). Creates no state; raises UnsupportedOptimizer as analyze does."""
+    _check_optimizer(optimizer)
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    groups: list[dict[str, Any]] = []
+    of: list[int] = []
+    for p in params:
+        g = group_of.get(id(p))
+        if g is None:
+            of.append(-1)
+            continue
+        h = _hyper(optimizer, g)
+        entry = {f: getattr(h, f) for f in HYPER_FIELDS}
+        if entry not in groups:
+            groups.append(entry)
+        of.append(groups.index(entry))
+    return {"kind": _hyper_kind(optimizer), "groups": groups, "of": of}
+
+
+def describe_optimizer_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """What differs between two `optimizer_data` records, in words."""
+    if mine["kind"] != theirs["kind"]:
+        return f"the optimizer is {mine['kind']}, the plan's is {theirs['kind']}"
+    if mine["of"] != theirs["of"]:
+        return "the optimizer holds other parameters (or groups) than the plan's"
+    for a, b in zip(mine["groups"], theirs["groups"], strict=False):
+        diff = [f"{k} {a[k]!r} (plan: {b[k]!r})" for k in HYPER_FIELDS if a.get(k) != b.get(k)]
+        if diff:
+            return "the optimizer's " + ", ".join(diff)
+    return "the optimizer's parameter groups differ from the plan's"
+
+
+def _hyper_kind(optimizer: torch.optim.Optimizer) -> str:
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd"
+    return "adamw" if isinstance(optimizer, torch.optim.AdamW) else "adam"
+
+
 def _check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if type(optimizer) not in _SUPPORTED:
         raise UnsupportedOptimizer(
@@ -133,7 +187,7 @@ def _hyper(optimizer: torch.optim.Optimizer, g: dict[str, Any]) -> _Hyper:
         return _Hyper(
             "sgd", g["lr"], g["weight_decay"], g["momentum"], g["nesterov"], g["maximize"]
         )
-    kind = "adamw" if isinstance(optimizer, torch.optim.AdamW) else "adam"
+    kind = _hyper_kind(optimizer)
     b1, b2 = g["betas"]
     return _Hyper(kind, g["lr"], g["weight_decay"], 0.0, False, g["maximize"], b1, b2, g["eps"])
 
@@ -159,39 +213,33 @@ def _init_state(
 
 
 def _sgd(p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], h: _Hyper) -> None:
-    """torch.optim.SGD's single-tensor update, written once into p (and the buffer)."""
+    """torch.optim.SGD's single-tensor update, in place on p and the buffer as torch's."""
     g = -grad if h.maximize else grad
     if h.weight_decay:
         g = g.add(p, alpha=h.weight_decay)
     if h.momentum:
         buf = state["momentum_buffer"]
-        new_buf = buf.mul(h.momentum).add(g)  # a zero buffer's first step gives g, as torch's
-        g = g.add(new_buf, alpha=h.momentum) if h.nesterov else new_buf
-        buf.copy_(new_buf)
-    p.copy_(p.add(g, alpha=-h.lr))
+        buf.mul_(h.momentum).add_(g)  # a zero buffer's first step gives g, as torch's clone
+        g = g.add(buf, alpha=h.momentum) if h.nesterov else buf
+    p.add_(g, alpha=-h.lr)
 
 
 def _adam(p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], h: _Hyper) -> None:
-    """torch.optim.Adam/AdamW's single-tensor update (bias corrections from the float64 step
-    count), written once into p and each state."""
+    """torch.optim.Adam/AdamW's single-tensor update, in place on p and each state as torch's
+    (bias corrections from the float64 step count: traced, they change every step)."""
     g = -grad if h.maximize else grad
-    step = state["step"].add(1)
+    step = state["step"].add_(1)
     if h.weight_decay and h.kind == "adamw":
-        new_p = p.mul(1 - h.lr * h.weight_decay)
-    else:
-        new_p = p
-        if h.weight_decay:
-            g = g.add(p, alpha=h.weight_decay)
-    exp_avg = state["exp_avg"].lerp(g, 1 - h.beta1)
-    exp_avg_sq = state["exp_avg_sq"].mul(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+        p.mul_(1 - h.lr * h.weight_decay)
+    elif h.weight_decay:
+        g = g.add(p, alpha=h.weight_decay)
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    exp_avg.lerp_(g, 1 - h.beta1)
+    exp_avg_sq.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
     bias1 = 1 - torch.pow(h.beta1, step)
     bias2_sqrt = (1 - torch.pow(h.beta2, step)).sqrt()
     step_size = (h.lr / bias1).neg()
-    denom = exp_avg_sq.sqrt().div_(bias2_sqrt).add_(h.eps)  # in place on temporaries, as
+    denom = exp_avg_sq.sqrt().div_(bias2_sqrt).add_(h.eps)
     update = exp_avg.mul(step_size).div_(denom)  # torch's addcdiv_: p + (value * m) / denom
     del denom
-    new_p = new_p.add_(update) if new_p is not p else p.add(update)
-    state["step"].copy_(step)
-    state["exp_avg"].copy_(exp_avg)
-    state["exp_avg_sq"].copy_(exp_avg_sq)
-    p.copy_(new_p)
+    p.add_(update)

@@ -26,6 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from core.errors import PlanFileError
+from core.optimizer_step import HYPER_FIELDS
 from core.simulator import KINDS
 from core.trace.autocast import DEVICE_TYPES
 
@@ -269,7 +270,10 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         return PlanFileError(f"{name} has damaged graph metadata: {why}; export the plan again")
 
     fields = {"params", "state", "inputs", "n_nodes"}
-    if not isinstance(meta, dict) or set(meta) - {"call", "autocast", "loss_head"} != fields:
+    if (
+        not isinstance(meta, dict)
+        or set(meta) - {"call", "autocast", "loss_head", "optimizer"} != fields
+    ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
     if not _is_int(meta["n_nodes"], 1, MAX_DIM):
@@ -312,6 +316,33 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
             and (head["rows"] is None or _is_int(head["rows"], 1, MAX_DIM))
         ):
             raise bad("loss_head is not {kind: 'chunked', rows: a count or None}")
+    if "optimizer" in meta:  # run inside the step (core.optimizer_step.optimizer_data)
+        _check_optimizer(meta["optimizer"], len(params), bad)
+
+
+def _check_optimizer(opt: Any, n_params: int, bad: Callable[[str], PlanFileError]) -> None:
+    """{kind, groups: [{hyperparameter: number or flag}], of: [group index per parameter]}:
+    plain numbers and flags only, never code."""
+    if not (isinstance(opt, dict) and set(opt) == {"kind", "groups", "of"}):
+        raise bad("optimizer is not {kind, groups, of}")
+    if opt["kind"] not in ("sgd", "adam", "adamw"):
+        raise bad(f"optimizer kind {str(opt['kind'])[:40]!r} is not sgd, adam or adamw")
+    groups, of = opt["groups"], opt["of"]
+    if not isinstance(groups, list) or not 0 < len(groups) <= MAX_PARAMS:
+        raise bad("optimizer groups is not a list of hyperparameter records")
+    for g in groups:
+        if not (isinstance(g, dict) and set(g) == set(HYPER_FIELDS)):
+            raise bad(f"an optimizer group is not {{{', '.join(HYPER_FIELDS)}}}")
+        for k, v in g.items():
+            flag = k in ("nesterov", "maximize")
+            if not (type(v) is bool if flag else _is_number(v)):
+                raise bad(f"optimizer {k} {str(v)[:40]!r} is not a {'flag' if flag else 'number'}")
+    if not (
+        isinstance(of, list)
+        and len(of) == n_params
+        and all(_is_int(i, -1, len(groups) - 1) for i in of)
+    ):
+        raise bad("optimizer's of is not a group index (or -1) per parameter")
 
 
 def _check_autocast(state: Any, bad: Callable[[str], PlanFileError]) -> None:

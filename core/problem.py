@@ -195,6 +195,8 @@ def analyze(
     meta = graph_meta(trace)
     if head.to_data() is not None:
         meta["loss_head"] = head.to_data()
+    if opt is not None:
+        meta["optimizer"] = opt.to_data()
     return Problem(
         graph,
         blocks,

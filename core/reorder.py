@@ -73,6 +73,8 @@ def dependencies(problem: Problem, runs: Sequence[int], n_forward: int) -> Depen
     seen: set[int] = set()
     updated = {s for op in ops if op.update for s in op.writes}  # by an optimizer in the step
     readers_of_updated: dict[int, list[int]] = {s: [] for s in updated}
+    writes_of: dict[int, list[int]] = {s: [] for s in updated}  # positions writing it, in order
+    versions = graph.read_versions
 
     def after(p: int, q: int | None) -> None:
         if q is not None and q != p and (p < n_forward) == (q < n_forward):
@@ -91,9 +93,12 @@ def dependencies(problem: Problem, runs: Sequence[int], n_forward: int) -> Depen
                 state_readers.append(p)
             if v in updated:  # an optimizer's write comes after every read of the old value
                 readers_of_updated[v].append(p)
+                k = versions[o, v]  # and a read of a written value after that write
+                after(p, writes_of[v][k - 1] if 0 < k <= len(writes_of[v]) else None)
         for s in op.writes if op.update else ():
             for r in readers_of_updated[s]:
                 after(p, r)
+            writes_of[s].append(p)
         for v in op.outputs:
             old = current.get(v)
             if old is not None:  # a recompute: the old copy's readers come first

@@ -256,21 +256,29 @@ class PlanFunction(torch.autograd.Function):
 
 
 def _check_updates_last(graph: Graph, plan: Plan) -> None:
-    """An optimizer's in-place write of a parameter (or its state) must come after every
-    run reading it, or that run would read the updated value."""
-    written: dict[int, str] = {}
+    """An optimizer writes parameters and states in place: each run reading one must see the
+    version it read when traced (`Graph.read_versions`): before every write of it (the
+    forward, the gradients, recomputations), or after the write it follows (the update)."""
+    versions = graph.read_versions
+    done: dict[int, list[str]] = {}  # storage -> the updates that wrote it so far
     for i, (kind, target) in enumerate(plan.program):
         if kind != RUN:
             continue
         op = graph.ops[target]
-        stale = [v for v in op.inputs if v in written and not op.update]
-        if stale:
-            raise InvalidPlan(
-                f"step {i}: {op.name} reads {graph.values[stale[0]].name} after "
-                f"{written[stale[0]]} updated it: make a new plan of this problem"
-            )
-        if op.update:
-            written.update({s: op.name for s in op.writes})
+        for v in op.inputs:
+            want, have = versions.get((op.index, v), 0), done.get(v, [])
+            if len(have) > want:
+                raise InvalidPlan(
+                    f"step {i}: {op.name} reads {graph.values[v].name} after {have[want]} "
+                    "updated it: make a new plan of this problem"
+                )
+            if len(have) < want:
+                raise InvalidPlan(
+                    f"step {i}: {op.name} reads {graph.values[v].name} before the update it "
+                    "follows has written it: make a new plan of this problem"
+                )
+        for s in op.writes if op.update else ():
+            done.setdefault(s, []).append(op.name)
 
 
 def _run_prologue(calls: list[Call], env: dict[int, Any]) -> None:

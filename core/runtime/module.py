@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from core.bind import bind
-from core.errors import PlanMismatch
+from core.errors import InvalidPlan, PlanMismatch
 from core.graph import Graph
 from core.plan import Plan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
@@ -208,6 +208,7 @@ def apply_plan(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     runtime: str = "interpreter",
     shapes: dict[str | int, Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> nn.Module:
     """Wrap `model` so that training steps run `plan`. The model must be the one the plan was
     made for (same parameters, same code); inputs must have the plan's shapes and dtypes, and
@@ -222,14 +223,18 @@ def apply_plan(
     runtime: "interpreter" (default) runs the plan's program exactly, as predicted, in one
     autograd Function; "native" expresses it through PyTorch's own checkpoint and selective
     policies on the model's layers and returns the model itself (or a `NativeStep` computing
-    the loss), which composes with torch.compile and FSDP2; its peak is not the prediction
-    (`core.runtime.native`).
+    the loss), which composes with torch.compile and FSDP2; its peak is
+    `core.lower(plan).prediction`, not the interpreter's (plan with method="native").
 
     Inputs of other sizes than the plan's (same dtypes, same call) get their own plan under
     the plan's budget in bytes, made at their first call and cached (`core.shapes`); shapes:
     sizes to plan now, before training, e.g. {"batch": [8, 3], "seq": (16, 2048)} (a range is
     planned at powers of two; see docs/shapes.md). `ShapeInfeasible` (an InfeasibleBudget)
     names a shape no plan fits.
+
+    optimizer: for a plan that runs the optimizer inside its step (analyze's optimizer=),
+    loaded from a file or applied to another model: the optimizer whose states the step
+    updates, of the recorded kind and hyperparameters (PlanMismatch otherwise).
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
@@ -239,7 +244,14 @@ def apply_plan(
             "runs; the native runtime applies one plan's checkpoints at every shape with no "
             "budget: drop shapes= or use runtime='interpreter'"
         )
-    bound = bind(model, plan, loss_fn)
+    bound = bind(model, plan, loss_fn, optimizer)
+    if runtime == "native" and any(op.update for op in bound.graph.ops):
+        raise InvalidPlan(
+            "this plan runs the optimizer's updates inside its step (analyze's optimizer=), "
+            "which the native runtime does not: autograd would leave the gradients in .grad "
+            "and no parameter would change; use runtime='interpreter', or analyse without "
+            "optimizer= and call optimizer.step() yourself"
+        )
     if runtime == "native":
         with_loss = bound.graph.trace.call.loss
         return apply_native(model, bound.plan, bound.loss_fn, with_loss)

@@ -20,7 +20,7 @@ from torch import nn
 from torch._functorch._aot_autograd.logging_utils import (
     setup_stacktrace_preservation_hooks_from_tensors,
 )
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import checkpoint
@@ -136,7 +136,7 @@ def _capture(
     step = _joint_step(forward, (len(params), len(state), len(inputs)), diff, grad_inputs)
     if optimizer is not None:
         step = _with_updates(step, len(params), optimizer)
-    with ModuleScope(model) as scope, fake_mode:
+    with ModuleScope(model) as scope, fake_mode, _kept(optimizer):
         flat = [*fparams, *fstate, *finputs, *ftangents]
         gm = guard(scope, lambda: make_fx(step, record_stack_traces=True)(*flat))
         _one_node_per_constant(gm.graph)
@@ -223,6 +223,37 @@ def _one_node_per_constant(graph: torch.fx.Graph) -> None:
                 graph.erase_node(node)
             else:
                 first[node.target] = node
+        elif node.op == "call_function" and node.args:
+            _alias_written_constant(node)
+
+
+def _alias_written_constant(node: torch.fx.Node) -> None:
+    """make_fx wraps a constant in a new fake tensor at each op, so an in-place op's result on
+    a constant (an optimizer's state) has a fake storage of its own: give it the constant's,
+    so the write allocates nothing, as it does not when run."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+        return
+    sets = schema.returns[0].alias_info.before_set
+    arg = next(
+        (
+            node.args[i]
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None
+            and a.alias_info.is_write
+            and a.alias_info.before_set == sets
+            and i < len(node.args)
+        ),
+        None,
+    )
+    if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+        return
+    val, kept = node.meta.get("val"), arg.meta.get("val")
+    if not (isinstance(val, FakeTensor) and isinstance(kept, FakeTensor)):
+        return
+    if val.untyped_storage()._cdata != kept.untyped_storage()._cdata:
+        with kept.fake_mode:
+            node.meta["val"] = kept.as_strided(val.shape, val.stride(), val.storage_offset())
 
 
 class OptimizerHooks(Protocol):
@@ -231,6 +262,24 @@ class OptimizerHooks(Protocol):
     def updates(self, i: int) -> bool: ...
 
     def hook(self, i: int, param: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+    def state_tensors(self) -> list[torch.Tensor]: ...
+
+
+@contextlib.contextmanager
+def _kept(optimizer: OptimizerHooks | None) -> Iterator[None]:
+    """The optimizer's states as they were before the trace: make_fx runs an op whose inputs
+    are all constants of at most one element for real (constant propagation), so an update's
+    in-place step count would advance during the trace; those are restored after it."""
+    small = [t for t in optimizer.state_tensors() if t.numel() <= 1] if optimizer else []
+    with unset_fake_temporarily():
+        saved = [t.clone() for t in small]
+    try:
+        yield
+    finally:
+        with torch.no_grad(), unset_fake_temporarily():
+            for t, old in zip(small, saved, strict=True):
+                t.copy_(old)
 
 
 def _with_updates(
