@@ -338,7 +338,7 @@ def _timeline_card():
                     "compute wait (red).",
                     className="hint",
                 ),
-                _plot(ids.TRANSFERS, 220),
+                _plot(ids.TRANSFERS, 240),
             ],
         ),
         html.Div(
