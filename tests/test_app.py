@@ -149,6 +149,33 @@ def test_graph_ids_differ_between_models_and_stylesheets_follow_them():
     assert any(r["selector"] == f"#{a}o1" for r in sheet)
 
 
+def test_block_graph_is_at_module_level_and_opens_a_layer_into_its_ops():
+    blocks = [
+        SimpleNamespace(index=0, name="a", kind=0, forward_ops=[0, 1]),
+        SimpleNamespace(index=1, name="b", kind=1, forward_ops=[2, 3]),
+    ]
+    ops = [SimpleNamespace(label="aten.mm", name=f"mm_{i}", outputs=[i]) for i in range(4)]
+    values = [
+        SimpleNamespace(index=i, producer=i, consumers=[i + 1] if i < 3 else []) for i in range(4)
+    ]
+    closed = figures.graph_elements(blocks, ops, values, "p-", titles=["embed", "h.0"])
+    nodes = [e for e in closed if "source" not in e["data"]]
+    assert [n["classes"].split()[0] for n in nodes] == ["layer", "layer"]
+    assert nodes[1]["data"]["text"] == "1 · h.0\n2 ops" and "parent" not in nodes[1]["data"]
+    edges = [e["data"] for e in closed if "source" in e["data"]]
+    assert [(e["source"], e["target"]) for e in edges] == [("p-b0", "p-b1")]  # layer to layer
+    opened = figures.graph_elements(blocks, ops, values, "p-", expanded={1})
+    parents = {e["data"]["id"]: e["data"].get("parent") for e in opened}
+    assert parents["p-o2"] == parents["p-o3"] == "p-b1" and "p-o0" not in parents
+    edges = {(e["data"]["source"], e["data"]["target"]) for e in opened if "source" in e["data"]}
+    assert edges == {("p-b0", "p-o2"), ("p-o2", "p-o3")}
+    sheet = figures.graph_stylesheet(block=1, prefix="p-", layers={"recomputed": [0]})
+    styles = {r["selector"]: r["style"] for r in sheet}
+    layer0, layer1 = 'node.layer[id = "p-b0"]', 'node.layer[id = "p-b1"]'
+    assert styles[layer0]["border-color"] == figures.palette.FATE_COLORS["recomputed"]
+    assert styles[layer1]["border-width"] >= 8  # the running layer, closed
+
+
 def test_lru_keeps_at_most_size_and_evicts_least_recent():
     cache = LRU(2)
     cache.put("a", 1)

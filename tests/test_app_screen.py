@@ -18,7 +18,8 @@ CY = """[document.getElementById('graph'), ...document.querySelectorAll('#graph 
   .find(e => e._cyreg)._cyreg.cy"""
 # the running op (drawn large) in page coordinates: the container's box plus its rendered box
 HIGHLIGHT = f"""() => {{ const cy = {CY};
-  const n = cy.nodes('.op').filter(n => n.numericStyle('width') > 20)[0];
+  const n = cy.nodes('.op').filter(n => n.numericStyle('width') > 20)[0]
+    || cy.nodes('.layer').filter(n => n.numericStyle('border-width') >= 8)[0];
   if (!n) return null;
   const c = cy.container().getBoundingClientRect(), b = n.renderedBoundingBox();
   return {{x: c.x + b.x1, y: c.y + b.y1, width: b.w, height: b.h}}; }}"""
