@@ -125,6 +125,15 @@ def test_tradeoff_curves_that_meet_stay_visible_and_say_they_coincide():
     # the curve at 0% extra sits above the x-axis line, not on it; the current on top
     assert fig["layout"]["yaxis"]["range"][0] < 0 < fig["layout"]["yaxis"]["range"][1]
     assert drawn[-1] == "offload" and by["offload"]["legendrank"] == 1
+    # nearly on it (less than 1.5% of the axis apart) looks the same: say how near
+    near = figures.tradeoff_figure(
+        {"sqrt_n": [(35, 33), (52, 21.5)], "checkpoint_blocks": [(35, 33.4), (52, 21)]},
+        labels,
+        "rockmate",
+        50,
+    )
+    names = {t["meta"]: t["name"] for t in near["data"]}
+    assert names["checkpoint_blocks"] == "every block (within 0.5 points of √n)"
 
 
 def test_graph_stylesheet_colours_fates_and_highlights():

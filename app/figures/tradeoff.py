@@ -47,7 +47,14 @@ def tradeoff_figure(
     go, shaded.
     """
     present = [m for m in curves if curves[m]]
-    on = {m: _lies_on(m, present, curves) for m in present}
+    top = max((y for m in present for _, y in curves[m]), default=0.0)
+    pad = max(top, 1.0) * 0.06
+    # closer than this on screen, two curves look like one: 1.5% of the axes' spans
+    near = (
+        0.015 * (top + 2 * pad),
+        0.005 * max((x for m in present for x, _ in curves[m]), default=100),
+    )
+    on = {m: _lies_on(m, present, curves, near) for m in present}
     # drawn later is drawn on top: the others, then the curves lying on another, then the
     # current method; the legend keeps the current method first
     order = sorted(present, key=lambda m: (m == current, on[m] is not None))
@@ -56,12 +63,15 @@ def tradeoff_figure(
         label = labels.get(method, method)
         under = on[method]
         if under is not None:
-            label += f" (coincides with {labels.get(under, under)})"
+            other, gap = labels.get(under[0], under[0]), under[1]
+            label += (
+                f" (coincides with {other})"
+                if gap < 0.005
+                else f" (within {gap:.2g} points of {other})"
+            )
         trace = _curve(method, curves[method], label, method == current)
         trace["legendrank"] = 1 if method == current else 2 + present.index(method)
         traces.append(trace)
-    top = max((y for m in present for _, y in curves[m]), default=0.0)
-    pad = max(top, 1.0) * 0.06
     return {
         "data": traces,
         "layout": {
@@ -80,28 +90,36 @@ def tradeoff_figure(
 
 
 def _lies_on(
-    method: str, present: Sequence[str], curves: Mapping[str, Sequence[tuple[float, float]]]
-) -> str | None:
-    """The first other curve on which every point of `method`'s curve lies (within 0.05
-    points of extra time, at a budget inside its range), so that one would hide the other."""
+    method: str,
+    present: Sequence[str],
+    curves: Mapping[str, Sequence[tuple[float, float]]],
+    near: tuple[float, float],
+) -> tuple[str, float] | None:
+    """The first other curve on which every point of `method`'s curve lies, within `near`
+    (extra-time points, budget points), and the largest gap: drawn apart, one would hide
+    the other."""
     mine = (len(curves[method]), -present.index(method))
     for other in present:
         # of two curves on each other, the one with fewer points (or listed later) says so
-        if (len(curves[other]), -present.index(other)) > mine and all(
-            _on(p, curves[other]) for p in curves[method]
-        ):
-            return other
+        if (len(curves[other]), -present.index(other)) <= mine:
+            continue
+        gaps = [_gap(p, curves[other], near[1]) for p in curves[method]]
+        if all(g is not None and g <= near[0] for g in gaps):
+            return other, max(g for g in gaps if g is not None)
     return None
 
 
-def _on(point: tuple[float, float], curve: Sequence[tuple[float, float]]) -> bool:
-    """Whether `point` lies on `curve` drawn as steps (each point's y holds until the next)."""
+def _gap(
+    point: tuple[float, float], curve: Sequence[tuple[float, float]], dx: float
+) -> float | None:
+    """How far `point` is above or below `curve` drawn as steps (each point's y holds until
+    the next); None outside the curve's budgets (`dx` of slack)."""
     x, y = point
     pts = sorted(curve)
-    if not pts or x < pts[0][0] - 0.05 or x > pts[-1][0] + 0.05:
-        return False
-    before = [q for q in pts if q[0] <= x + 0.05]
-    return abs(before[-1][1] - y) <= 0.05
+    if not pts or x < pts[0][0] - dx or x > pts[-1][0] + dx:
+        return None
+    before = [q for q in pts if q[0] <= x + dx]
+    return abs(before[-1][1] - y)
 
 
 def _curve(method: str, points: Sequence[tuple[float, float]], label: str, current: bool) -> dict:
