@@ -3,6 +3,9 @@ computed in the background and cached, and a note instead for models too large t
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from helpers import serve_in_thread
 
@@ -11,6 +14,10 @@ from app.callbacks import parallel as card
 from app.server import create_app
 from app.state import Studio
 from bench.app import wait_ready
+
+SHOTS = Path(__file__).resolve().parent.parent / (
+    "docs/screenshots" if os.environ.get("REMAT_SCREENSHOTS") == "docs" else "test-results"
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +78,5 @@ def test_choosing_devices_shows_the_busy_bar_then_the_layouts(page, url):
     names = page.evaluate(f"() => {fig}.layout.meta.layouts")
     assert {"plain DP", "FSDP", "dp2 x tp2 FSDP"} <= set(names)
     assert "Chosen:" in page.inner_text(f"#{ids.PARALLEL_TEXT}")
+    SHOTS.mkdir(exist_ok=True)
+    page.locator(f"#{ids.PARALLEL_CARD}").screenshot(path=str(SHOTS / "parallel.png"))

@@ -15,7 +15,7 @@ from dash.exceptions import PreventUpdate
 from app import ids
 from app.cache import Cancelled
 from app.callbacks.common import plain_error
-from app.figures.parallel import layout_name, parallel_figure
+from app.figures.parallel import parallel_figure
 from app.state import PARALLEL_MAX_OPS, Studio
 from core.errors import fmt_bytes
 
@@ -89,7 +89,7 @@ def parallel_view(studio: Studio, key: str, devices: int) -> tuple[dict, list]:
     where = "this machine's memory" if device in ("cpu", "here") else f"the {device} preset's"
     best = plan.best
     said = (
-        f"Chosen: {layout_name(best, True)}, {fmt_bytes(best.memory.total)} per device, "
+        f"Chosen: {best.name}, {fmt_bytes(best.memory.total)} per device, "
         f"predicted step {best.time.total * 1e3:.3g} ms for {best.dp} micro-batch(es)."
         if best
         else "No layout fits: every one needs more memory per device than there is."
@@ -100,7 +100,7 @@ def parallel_view(studio: Studio, key: str, devices: int) -> tuple[dict, list]:
             f"{plan.link.name}. {said}"
         )
     ]
-    if best and best.kinds:
+    if best and best.tp > 1 and best.kinds:
         words.append(html.P("Sharded: " + "; ".join(best.kinds), className="hint"))
     if plan.refused:
         words.append(

@@ -60,7 +60,7 @@ def parallel_figure(plan: Any) -> dict:
             "margin": {"l": 170, "r": 10, "t": 10, "b": 90},
             "xaxis": {"title": {"text": f"memory per device ({unit})"}, "rangemode": "tozero"},
             "yaxis": {"autorange": "reversed"},
-            "legend": legend_below(),
+            "legend": {**legend_below(), "traceorder": "normal"},
             "plot_bgcolor": BACKGROUND,
             "meta": {"layouts": [x.name for x in layouts], "devices": plan.devices},
         },
