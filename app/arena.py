@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.figures.axes import legend_below, pick_unit
+from app.figures.axes import legend_below, pick_unit, step_x
 from app.figures.palette import (
     ARENA_COLOR,
     BACKGROUND,
@@ -57,7 +57,7 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
                 "type": "scatter",
                 "mode": "lines",
                 "name": name,
-                "x": [-0.5, steps - 0.5],
+                "x": [step_x(-0.5), step_x(steps - 0.5)],
                 "y": [y, y],
                 "line": {"color": color, "dash": "dash", "width": 1.5},
                 "hoverinfo": "skip",
@@ -73,7 +73,7 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
             "title": {
                 "text": f"arena {fmt_bytes(layout.size)}: {layout.fragmentation:.2f}x the live peak"
             },
-            "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+            "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
             "yaxis": {"title": {"text": f"address ({unit})"}, "rangemode": "tozero"},
             "legend": legend_below(),
             "shapes": shapes,
@@ -90,14 +90,14 @@ def _storages(layout: Any, graph: Any, kind: str, label: str, scale: float) -> d
         "type": "bar",
         "orientation": "h",
         "name": label,
-        "base": [p.first - 0.5 for p in mine],
+        "base": [step_x(p.first - 0.5) for p in mine],
         "x": [p.last - p.first + 1 for p in mine],
         "y": [round((p.offset + p.size / 2) / scale, 6) for p in mine],
         "width": [round(p.size / scale, 6) for p in mine],
         "marker": {"color": KIND_COLORS[label], "line": {"width": 0.5, "color": EDGE}},
         "text": [
             f"{storage_text(graph, p.value)}<br>offset {fmt_bytes(p.offset)}, "
-            f"steps {p.first}-{p.last}"
+            f"steps {step_x(p.first)}–{step_x(p.last)}"
             for p in mine
         ],
         "customdata": [[p.value, p.offset, p.size] for p in mine],  # exact bytes
@@ -112,8 +112,8 @@ def _pass_boundary(backward_start: int) -> dict:
         "type": "line",
         "xref": "x",
         "yref": "paper",
-        "x0": backward_start - 0.5,
-        "x1": backward_start - 0.5,
+        "x0": step_x(backward_start - 0.5),
+        "x1": step_x(backward_start - 0.5),
         "y0": 0,
         "y1": 1,
         "line": {"color": PHASE_LINE, "dash": "dot", "width": 1},

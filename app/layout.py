@@ -13,6 +13,7 @@ from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
 from app.panels import compare_card, lesson_card
+from app.parallel_card import parallel_card
 from app.state import DEVICES, METHOD_LABELS
 from app.words import GLOSSARY
 from core.footprint import OPTIMIZER
@@ -85,7 +86,11 @@ def build_layout(
                 ],
             ),
             html.Div(className="card", children=compare_card()),
+            html.Div(
+                className="card view", id=ids.PARALLEL_CARD, children=parallel_card(), **fresh()
+            ),
             dcc.Store(id=ids.CONTEXT),
+            dcc.Store(id=ids.GRAPH_OPEN, data=[]),
             dcc.Store(id=ids.LESSON),
             dcc.Store(id=ids.LESSON_PENDING),
             dcc.Store(id=ids.LESSON_VIEW),
@@ -280,7 +285,9 @@ def _graph_card():
         html.H2("Blocks and their forward ops"),
         html.P(
             "Boxes are blocks (identical blocks share a tint); dots are forward ops, coloured "
-            "by what the plan does with their results. Click a block to list its ops.",
+            "by what the plan does with their results. Each layer is one box, outlined by "
+            "what the plan does with its ops (red: some recomputed); click a layer to open it "
+            "into its ops and list them, click again to close it.",
             className="hint",
         ),
         cyto.Cytoscape(
@@ -338,7 +345,7 @@ def _timeline_card():
                     "compute wait (red).",
                     className="hint",
                 ),
-                _plot(ids.TRANSFERS, 220),
+                _plot(ids.TRANSFERS, 240),
             ],
         ),
         html.Div(

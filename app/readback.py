@@ -38,6 +38,22 @@ class Band:
     end: int
 
 
+LAYER_FATES = ("recomputed", "offloaded", "kept", "freed")  # the first present names a block
+
+
+def block_fates(problem: Any, plan: Any) -> dict[str, list[int]]:
+    """Blocks grouped by the fate that matters most among their forward ops (recomputed,
+    then offloaded, kept, freed): how a closed block in the graph is outlined."""
+    fate_of = fate_of_ops(problem, plan)
+    out: dict[str, list[int]] = {fate: [] for fate in LAYER_FATES}
+    for block in problem.blocks:
+        mine = {fate_of.get(o) for o in block.forward_ops}
+        first = next((f for f in LAYER_FATES if f in mine), None)
+        if first is not None:
+            out[first].append(block.index)
+    return out
+
+
 def live_bands(problem: Any, plan: Any) -> list[Band]:
     """Every activation, temporary and gradient storage's live intervals, in allocation order.
 

@@ -17,6 +17,7 @@ import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.explain import tensor_rows
 from app.readback import live_bands
+from core.footprint import device_memory
 from core.frontier import minimum_budget
 from core.solvers import available_methods
 from core.trace.model_call import ModelCall, as_call, resolve_builder
@@ -39,6 +40,10 @@ DEVICES = ("cpu", "a100", "h100", "v100", "rtx4090")
 # `offload_method`), so the method list offers only remat methods.
 OFFLOAD_METHODS = ("offload", "pofo")
 DEFAULT_OFFLOAD = "offload"
+PARALLEL_DEVICES = (1, 2, 4, 8)  # the devices control's choices
+# `core.parallel_plan` re-traces the model once per tensor-parallel degree: seconds for
+# graphs this small, minutes for gpt2-small; larger models get a note instead
+PARALLEL_MAX_OPS = 300
 OFFLOAD_POINTS = 8  # budgets of the remat+offload curve (an offload solve each: seconds)
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
@@ -197,6 +202,25 @@ class Studio:
             return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
 
         return self.derived.get_or_make(("offload-tradeoff", key, self.offload_method), make)
+
+    def parallel(self, key: str, devices: int) -> core.ParallelPlan:
+        """`core.parallel_plan` over `devices` devices of the key's device preset (memory and
+        link), rockmate per rank; cached. Re-traces the model per tp degree: seconds."""
+
+        def make() -> core.ParallelPlan:
+            model_name, _, device = key.split("|")
+            problem = self.problem(key)
+            model = problem.model_ref() if problem.model_ref else None
+            if model is None:  # the analysed model is gone: the same architecture, again
+                model = self.builders[model_name]().model
+            preset = "cpu" if device == "here" else device
+            with _ANALYZE:  # traces: one at a time in this process
+                check_cancelled()
+                return core.parallel_plan(
+                    problem, devices, device_memory(preset), preset, model=model
+                )
+
+        return self.derived.get_or_make(("parallel", key, devices), make)
 
     def tensors(self, key: str, method: str, budget: int) -> list[dict]:
         """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""

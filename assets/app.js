@@ -62,7 +62,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
       checked("#offload-switch input[value=on]") ? "on" : "off"].join("|");
     const slider = document.querySelector("#budget [role=slider]");
     const now = slider && slider.getAttribute("aria-valuenow");
-    return {ctx: ctx, plan: ctx + "|" + (now === null || now === "" ? "" : String(Number(now)))};
+    const devices = document.querySelector("#devices-n input:checked");
+    return {ctx: ctx, plan: ctx + "|" + (now === null || now === "" ? "" : String(Number(now))),
+      devices: devices ? devices.value : null};
   }
   function drawnFor(view) {
     const gd = view.querySelector(".js-plotly-plot");
@@ -75,7 +77,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     numbers: "the numbers", "step-why": "the step", tradeoff: "the trade-off curves",
     timeline: "the timeline", tensors: "the tensor view", arena: "the arena",
     transfers: "the transfer lane", fit: "the footprint",
-    "compare-a": "plan A", "compare-b": "plan B"};
+    "compare-a": "plan A", "compare-b": "plan B", "parallel-card": "the layouts over devices"};
   function check() {
     const want = controls();
     if (!want) { return; }
@@ -86,7 +88,10 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
       document.querySelectorAll(".view").forEach((v) => {
         const got = drawnFor(v);
         const expect = got.split("|").length === 5 ? want.plan : want.ctx;
-        if (got !== expect || got === "") { stale.push(NAMES[v.id] || v.id); }
+        // a view drawn for a number of devices (data-devices) also follows that control
+        const devices = v.getAttribute("data-devices");
+        const other = devices !== null && want.devices !== null && devices !== want.devices;
+        if (got !== expect || got === "" || other) { stale.push(NAMES[v.id] || v.id); }
       });
     }
     const body = document.body;

@@ -61,14 +61,30 @@ def test_timeline_is_stacked_by_kind_with_budget_and_peak():
     assert budget["meta"] == "budget" and budget["y"][0] == budget["y"][1]
     assert budget["y"][0] == pytest.approx(2e11 / size, rel=1e-4)
     peak = data[figures.T_PEAK]
-    assert peak["x"] == [4321]
+    assert peak["x"] == [4322]  # program step 4321 counted from 1, as the stepper counts
     assert peak["y"][0] == pytest.approx(max(total) / size, rel=1e-4)
     # the stack's top at the peak step is the peak: decimation did not lose it
-    i = data[0]["x"].index(4321)
+    i = data[0]["x"].index(4322)
     top = sum(data[k]["y"][i] for k in range(3))
     assert top == pytest.approx(max(total) / size, rel=1e-4)
     assert "op4321" in data[0]["text"][i]
     assert len(fig["layout"]["shapes"]) == 2  # forward and backward shading
+
+
+def test_every_program_step_axis_counts_from_1_as_the_hover_and_the_step_text_do():
+    live = [(i * 2**20, 0, 0) for i in range(40)]
+    fig = figures.timeline_figure(steps(live, 20), 20, budget=2**30, marker=0)
+    stack = fig["data"][0]
+    # the hover names the step at its own x: "step 5: ..." sits at x = 5
+    assert all(t.startswith(f"step {x}:") for x, t in zip(stack["x"], stack["text"]))
+    assert stack["x"][0] == 1 and stack["x"][-1] == 40
+    assert fig["data"][figures.T_MARKER]["x"] == [1, 1]  # the stepper's "step 1 of 40"
+    assert figures.marker_trace(39, 1.0)["x"] == [40, 40]
+    forward, backward = fig["layout"]["shapes"]
+    assert (forward["x0"], forward["x1"], backward["x1"]) == (0.5, 20.5, 40.5)
+    rows = [{"start": 0, "end": 3, "nbytes": 2**20, "fate": "kept", "text": "t"}]
+    band = figures.tensor_figure(rows, 4, 2)["data"][0]
+    assert min(band["x"]) == 0.5 and max(band["x"]) == 3.5  # steps 1 to 3
 
 
 def test_tradeoff_marks_the_budget_and_puts_the_current_method_first():
@@ -78,8 +94,46 @@ def test_tradeoff_marks_the_budget_and_puts_the_current_method_first():
         "rockmate",
         70,
     )
-    assert fig["data"][0]["meta"] == "rockmate" and fig["data"][0]["x"] == [40, 70, 100]
+    mine = fig["data"][-1]  # drawn last: on top
+    assert mine["meta"] == "rockmate" and mine["x"] == [40, 70, 100]
+    assert mine["legendrank"] < fig["data"][0]["legendrank"]  # first in the legend
     assert fig["layout"]["shapes"][0]["x0"] == 70
+
+
+def test_tradeoff_curves_that_meet_stay_visible_and_say_they_coincide():
+    labels = {"sqrt_n": "√n", "checkpoint_blocks": "every block", "offload": "remat + offload"}
+    fig = figures.tradeoff_figure(
+        {
+            "offload": [(10, 0.0), (40, 0.0), (100, 0.0)],  # hidden behind compute: no extra
+            "rockmate": [(30, 40), (60, 5), (100, 0)],
+            "sqrt_n": [(35, 33), (52, 21), (100, 0)],
+            "checkpoint_blocks": [(52, 21)],  # a point on the √n line
+        },
+        labels,
+        "offload",
+        50,
+    )
+    drawn = [t["meta"] for t in fig["data"]]
+    by = {t["meta"]: t for t in fig["data"]}
+    # the point on the √n line is drawn over it, and its legend says where it is
+    assert drawn.index("checkpoint_blocks") > drawn.index("sqrt_n")
+    assert by["checkpoint_blocks"]["name"] == "every block (coincides with √n)"
+    assert all("coincides" not in by[m]["name"] for m in ("sqrt_n", "rockmate", "offload"))
+    # told apart by marker and dash, not by colour alone
+    looks = {(t["marker"]["symbol"], t["line"]["dash"]) for t in fig["data"]}
+    assert len(looks) == len(fig["data"])
+    # the curve at 0% extra sits above the x-axis line, not on it; the current on top
+    assert fig["layout"]["yaxis"]["range"][0] < 0 < fig["layout"]["yaxis"]["range"][1]
+    assert drawn[-1] == "offload" and by["offload"]["legendrank"] == 1
+    # nearly on it (less than 1.5% of the axis apart) looks the same: say how near
+    near = figures.tradeoff_figure(
+        {"sqrt_n": [(35, 33), (52, 21.5)], "checkpoint_blocks": [(35, 33.4), (52, 21)]},
+        labels,
+        "rockmate",
+        50,
+    )
+    names = {t["meta"]: t["name"] for t in near["data"]}
+    assert names["checkpoint_blocks"] == "every block (within 0.5 points of √n)"
 
 
 def test_graph_stylesheet_colours_fates_and_highlights():
@@ -102,6 +156,33 @@ def test_graph_ids_differ_between_models_and_stylesheets_follow_them():
     assert ids_a.isdisjoint(ids_b) and all(i.startswith(a) for i in ids_a)
     sheet = figures.graph_stylesheet({"kept": [1]}, prefix=a)
     assert any(r["selector"] == f"#{a}o1" for r in sheet)
+
+
+def test_block_graph_is_at_module_level_and_opens_a_layer_into_its_ops():
+    blocks = [
+        SimpleNamespace(index=0, name="a", kind=0, forward_ops=[0, 1]),
+        SimpleNamespace(index=1, name="b", kind=1, forward_ops=[2, 3]),
+    ]
+    ops = [SimpleNamespace(label="aten.mm", name=f"mm_{i}", outputs=[i]) for i in range(4)]
+    values = [
+        SimpleNamespace(index=i, producer=i, consumers=[i + 1] if i < 3 else []) for i in range(4)
+    ]
+    closed = figures.graph_elements(blocks, ops, values, "p-", titles=["embed", "h.0"])
+    nodes = [e for e in closed if "source" not in e["data"]]
+    assert [n["classes"].split()[0] for n in nodes] == ["layer", "layer"]
+    assert nodes[1]["data"]["text"] == "1 · h.0\n2 ops" and "parent" not in nodes[1]["data"]
+    edges = [e["data"] for e in closed if "source" in e["data"]]
+    assert [(e["source"], e["target"]) for e in edges] == [("p-b0", "p-b1")]  # layer to layer
+    opened = figures.graph_elements(blocks, ops, values, "p-", expanded={1})
+    parents = {e["data"]["id"]: e["data"].get("parent") for e in opened}
+    assert parents["p-o2"] == parents["p-o3"] == "p-b1" and "p-o0" not in parents
+    edges = {(e["data"]["source"], e["data"]["target"]) for e in opened if "source" in e["data"]}
+    assert edges == {("p-b0", "p-o2"), ("p-o2", "p-o3")}
+    sheet = figures.graph_stylesheet(block=1, prefix="p-", layers={"recomputed": [0]})
+    styles = {r["selector"]: r["style"] for r in sheet}
+    layer0, layer1 = 'node.layer[id = "p-b0"]', 'node.layer[id = "p-b1"]'
+    assert styles[layer0]["border-color"] == figures.palette.FATE_COLORS["recomputed"]
+    assert styles[layer1]["border-width"] >= 8  # the running layer, closed
 
 
 def test_lru_keeps_at_most_size_and_evicts_least_recent():

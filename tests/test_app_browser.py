@@ -93,9 +93,9 @@ def graph_nodes(page, selector: str) -> int:
 
 def test_page_shows_blocks_timeline_and_numbers(ready):
     page = ready
-    blocks = graph_nodes(page, ".block")
+    blocks = graph_nodes(page, ".layer")
     assert blocks >= 3  # gpt-tiny: embeddings, two layers, head
-    assert graph_nodes(page, ".op") > blocks
+    assert graph_nodes(page, ".op") == 0  # at module level: a layer is one node
     assert "gpt-tiny" in page.inner_text(f"#{ids.INTRO}")
     fig = figure(page)
     kinds = [t["name"] for t in fig["data"][:3]]
@@ -184,6 +184,7 @@ def test_step_through_moves_the_highlight(ready):
         " const m = g && g.data.find(t => t.meta === 'marker'); return m && m.x.length > 0; }"
     )
     marker = trace(figure(page), "marker")["x"]
+    assert marker[0] == 1  # "step 1" sits at 1 on the axis: both count from 1
     for _ in range(3):
         page.click(f"#{ids.STEP_NEXT}")
     page.wait_for_function(
@@ -194,10 +195,19 @@ def test_step_through_moves_the_highlight(ready):
         " const m = g.data.find(t => t.meta === 'marker'); return m.x[0] !== x; }",
         arg=marker[0],
     )
-    running = page.evaluate(
-        f"() => ({CY})().nodes('.op').filter(n => n.numericStyle('width') > 20).map(n => n.id())"
+    # the running layer, closed, is drawn thick in the marker's colour (one layer)
+    page.wait_for_function(
+        f"() => ({CY})().nodes('.layer').filter(n => n.numericStyle('border-width') >= 8)"
+        ".length === 1"
     )
-    assert running  # the running op is drawn large and highlighted
+    block = page.evaluate(
+        f"() => ({CY})().nodes('.layer').filter(n => n.numericStyle('border-width') >= 8)"
+        "[0].data('block')"
+    )
+    open_layer(page, block)
+    page.wait_for_function(  # opened, the running op is drawn large and highlighted
+        f"() => ({CY})().nodes('.op').filter(n => n.numericStyle('width') > 20).length > 0"
+    )
     page.click(f"#{ids.PLAY}")
     page.wait_for_function(
         "() => parseInt(document.querySelector('#step-text').textContent.split(' ')[1]) > 5"
@@ -206,11 +216,34 @@ def test_step_through_moves_the_highlight(ready):
     page.screenshot(path=str(SHOTS / "step-through.png"), full_page=True)
 
 
-def test_clicking_a_block_lists_its_ops(ready):
+def open_layer(page, block: int) -> None:
+    """Click layer `block` in the block graph (closed) and wait for its ops."""
+    if page.evaluate(f"() => ({CY})().nodes('.block').some(n => n.data('block') === {block})"):
+        return  # already open
+    page.evaluate(
+        f"() => ({CY})().nodes('.layer').filter(n => n.data('block') === {block}).emit('tap')"
+    )
+    page.wait_for_function(
+        f"(b) => ({CY})().nodes('.op').some(n => n.data('block') === b)", arg=block
+    )
+
+
+def test_clicking_a_layer_opens_it_into_its_ops_and_again_closes_it(ready):
     page = ready
-    page.evaluate(f"() => ({CY})().nodes('.block').filter(n => n.data('block') === 1).emit('tap')")
+    layers = graph_nodes(page, ".layer")
+    page.evaluate(f"() => ({CY})().nodes('.layer').filter(n => n.data('block') === 1).emit('tap')")
+    page.wait_for_function(f"() => ({CY})().nodes('.op').length > 0")
+    ops = page.evaluate(f"() => ({CY})().nodes('.op').map(n => [n.data('block'), n.parent().id()])")
+    box = page.evaluate(f"() => ({CY})().nodes('.block').map(n => n.id())")
+    assert len(box) == 1 and all(b == 1 and parent == box[0] for b, parent in ops)
+    assert graph_nodes(page, ".layer") == layers - 1  # the others stay closed
     page.wait_for_selector(f"#{ids.BLOCK_PANEL} table.ops")
     assert re.search(r"block 1 · ", page.inner_text(f"#{ids.BLOCK_PANEL}"))
+    rows = page.locator(f"#{ids.BLOCK_PANEL} tbody tr").count()
+    assert rows >= len(ops)  # its forward ops (and its backward ones) listed
+    page.evaluate(f"() => ({CY})().nodes('.block').emit('tap')")  # its box: close it
+    page.wait_for_function(f"(n) => ({CY})().nodes('.layer').length === n", arg=layers)
+    assert graph_nodes(page, ".op") == 0
 
 
 def test_an_untraceable_model_shows_its_error(ready):
@@ -302,7 +335,7 @@ def test_jumps_to_the_peak_and_to_the_next_recompute(ready):
     peak_x = trace(fig, "peak")["x"][0]
     page.wait_for_function(
         "(s) => document.querySelector('#step-text').textContent.startsWith(`step ${s} `)",
-        arg=peak_x + 1,
+        arg=peak_x,  # the axis counts from 1, as the step text does
     )
     page.click(f"#{ids.JUMP_RECOMPUTE}")
     page.wait_for_function(
@@ -357,6 +390,7 @@ def test_measure_here_draws_the_real_run_over_the_prediction(ready):
 
 def test_pointing_at_an_op_names_it(ready):
     page = ready
+    open_layer(page, 1)
     page.evaluate(f"() => ({CY})().nodes('.op')[3].emit('mouseover')")
     page.wait_for_function(
         "() => /allocates/.test(document.querySelector('#graph-hover').textContent)"
@@ -369,7 +403,7 @@ def test_pointing_at_an_op_names_it(ready):
 def test_block_titles_name_modules_and_never_overlap(ready):
     page = ready
     titles = page.evaluate(
-        f"() => ({CY})().nodes('.block').map(n => [n.data('label'),"
+        f"() => ({CY})().nodes('.block, .layer').map(n => [n.data('label'),"
         " n.boundingBox({includeNodes: false, includeEdges: false, includeLabels: true})])"
     )
     assert any("transformer.h.0" in t for t, _ in titles)
@@ -415,8 +449,8 @@ def test_the_offload_switch_draws_host_bytes_the_transfer_lane_and_a_second_curv
     curves = page.evaluate(
         "() => document.querySelector('#tradeoff .js-plotly-plot').data.map(t => [t.meta, t.x])"
     )
-    assert [m for m, _ in curves][:2] == ["offload", "rockmate"]
-    offload, remat = curves[0][1], curves[1][1]
+    assert curves[-1][0] == "offload"  # the current curve on top
+    offload, remat = curves[-1][1], dict(curves)["rockmate"]
     assert offload[0] < remat[0]  # offloading fits a lower budget than recomputation alone
     assert "Dashed: remat + offload" in page.inner_text(f"#{ids.TRADEOFF_NOTE}")
     page.wait_for_function(

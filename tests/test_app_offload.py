@@ -63,7 +63,8 @@ def test_the_remat_offload_curve_goes_lower_and_is_never_slower_at_equal_budgets
     context = {"key": key, "peak": peak, "method": "rockmate", "methods": ["rockmate"]}
     fig = _tradeoff(studio, {**context, "offload": "offload"}, 50)
     drawn = {t["meta"]: t for t in fig["data"]}
-    assert list(drawn) == ["offload", "rockmate"]  # the switch's curve is current: drawn first
+    assert list(drawn) == ["rockmate", "offload"]  # the switch's curve is current: on top
+    assert drawn["offload"]["legendrank"] < drawn["rockmate"]["legendrank"]  # legend: first
     assert (
         drawn["offload"]["line"]["dash"] == "dash" and drawn["rockmate"]["line"]["dash"] == "solid"
     )
@@ -88,12 +89,14 @@ def test_host_bytes_and_the_transfer_lane_follow_the_simulation(h100):
     )
     host = next(t for t in fig["data"] if t.get("meta") == "host")
     assert fig["data"][-1] is host and fig["data"][figures.T_MARKER]["meta"] == "marker"
-    assert host["y"] == [round(sim.host[i] / unit[1], 4) for i in host["x"]]
+    assert host["y"] == [round(sim.host[x - 1] / unit[1], 4) for x in host["x"]]
     assert max(host["y"]) == round(sim.host_peak / unit[1], 4)
     marks = next(t for t in fig["data"] if t.get("meta") == "copies")
-    assert marks["x"] == [s.index for s in plan.timeline if s.kind in ("offload", "prefetch")]
+    assert marks["x"] == [
+        figures.step_x(s.index) for s in plan.timeline if s.kind in ("offload", "prefetch")
+    ]
     arrows = {"offload": "triangle-up", "prefetch": "triangle-down"}
-    assert marks["marker"]["symbol"] == [arrows[plan.program[i][0]] for i in marks["x"]]
+    assert marks["marker"]["symbol"] == [arrows[plan.program[x - 1][0]] for x in marks["x"]]
     plain = store_all_plan(problem)
     drawn = figures.timeline_figure(
         plain.timeline, plain.backward_start, plain.budget, host=plain.simulate().host

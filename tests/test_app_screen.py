@@ -10,7 +10,7 @@ from helpers import serve_in_thread
 from app import ids
 from app.figures import T_MARKER
 from app.server import create_app
-from bench.app import wait_ready
+from bench.app import choose, wait_ready
 
 pytestmark = pytest.mark.browser
 
@@ -18,7 +18,8 @@ CY = """[document.getElementById('graph'), ...document.querySelectorAll('#graph 
   .find(e => e._cyreg)._cyreg.cy"""
 # the running op (drawn large) in page coordinates: the container's box plus its rendered box
 HIGHLIGHT = f"""() => {{ const cy = {CY};
-  const n = cy.nodes('.op').filter(n => n.numericStyle('width') > 20)[0];
+  const n = cy.nodes('.op').filter(n => n.numericStyle('width') > 20)[0]
+    || cy.nodes('.layer').filter(n => n.numericStyle('border-width') >= 8)[0];
   if (!n) return null;
   const c = cy.container().getBoundingClientRect(), b = n.renderedBoundingBox();
   return {{x: c.x + b.x1, y: c.y + b.y1, width: b.w, height: b.h}}; }}"""
@@ -121,3 +122,40 @@ def test_no_legend_covers_an_axis_title_at_1000x700(page, url):
     assert not hits, hits
     code = page.locator(f"#{ids.EXPORT_CODE}")
     assert code.evaluate("(e) => e.scrollWidth <= e.clientWidth")  # the export code not clipped
+
+
+# the transfer lane's caption and row names against the chart's own box
+CAPTION = """() => { const g = document.querySelector('#transfers .js-plotly-plot');
+  const box = (e) => { const r = e.getBoundingClientRect();
+    return {x: r.x, y: r.y, width: r.width, height: r.height}; };
+  const texts = [...g.querySelectorAll('.gtitle, .ytick text, .xtitle')];
+  return {chart: box(g), texts: texts.map(e => ({text: e.textContent, ...box(e)}))}; }"""
+
+
+@pytest.mark.parametrize("size", [(1400, 1000), (1200, 800), (1000, 700)])
+def test_the_transfer_lane_caption_is_whole(page, url, size):
+    open_page(page, url, *size)
+    choose(page, ids.DEVICE, "rtx4090")  # the longest preset name in the caption
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
+    page.wait_for_function("() => document.body.hasAttribute('data-busy')")
+    page.wait_for_function("() => !document.body.hasAttribute('data-busy')", timeout=180_000)
+    page.locator(f"#{ids.BUDGET} [role=slider]").focus()
+    page.keyboard.press("Home")  # the smallest budget: the most copies
+    page.wait_for_function(
+        "() => !document.body.hasAttribute('data-busy') && (() => {"
+        " const g = document.querySelector('#transfers .js-plotly-plot');"
+        " return g && g.layout.meta && g.layout.meta.copies > 0; })()",
+        timeout=180_000,
+    )
+    got = page.evaluate(CAPTION)
+    chart = got["chart"]
+    assert any("offloaded" in t["text"] for t in got["texts"]), got
+    cut = [
+        t["text"]
+        for t in got["texts"]
+        if t["x"] < chart["x"] - 0.5
+        or t["y"] < chart["y"] - 0.5
+        or t["x"] + t["width"] > chart["x"] + chart["width"] + 0.5
+        or t["y"] + t["height"] > chart["y"] + chart["height"] + 0.5
+    ]
+    assert not cut, (cut, chart, [t for t in got["texts"] if t["text"] in cut])

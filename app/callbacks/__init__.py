@@ -19,6 +19,7 @@ from app.callbacks import (
     lesson,
     measured,
     memory,
+    parallel,
     step_through,
 )
 from app.callbacks.common import plain_error
@@ -41,5 +42,6 @@ def register(app: Dash, studio: Studio) -> None:
         fit,
         lesson,
         compare,
+        parallel,
     ):
         group.register(app, studio)

@@ -12,12 +12,11 @@ from dash.exceptions import PreventUpdate
 import core
 from app import figures, ids
 from app.cache import Cancelled
-from app.callbacks.common import context_sig, fmt, plain_error, stamp
+from app.callbacks.common import block_graph, context_sig, fmt, plain_error, stamp
 from app.explain import link_text
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, Studio
 from app.words import intro
-from core.naming import block_title, op_name
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,7 @@ def register(app: Dash, studio: Studio) -> None:
             "budget": Output(ids.BUDGET, "value"),
             "intro": Output(ids.INTRO, "children"),
             "graph": Output(ids.GRAPH, "elements"),
+            "open": Output(ids.GRAPH_OPEN, "data"),
             "tradeoff": Output(ids.TRADEOFF, "figure"),
             "note": Output(ids.TRADEOFF_NOTE, "children"),
         },
@@ -97,7 +97,10 @@ def register(app: Dash, studio: Studio) -> None:
                 "error_hidden": False,
                 "error_for": context["for"],
                 **dict.fromkeys(
-                    ("methods", "low", "marks", "budget", "intro", "graph", "tradeoff", "note"),
+                    (
+                        *("methods", "low", "marks", "budget", "intro", "graph", "open"),
+                        *("tradeoff", "note"),
+                    ),
                     no_update,
                 ),
                 **dict.fromkeys(("intro_for", "graph_for"), no_update),
@@ -125,7 +128,6 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
     problem = studio.problem(context["key"])
     lo = context["min_pct"]
     value = context.get("value", start_value(lo, value))
-    graph = problem.graph
     sig = context["for"]
     return {
         "error": "",
@@ -139,14 +141,8 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "budget": value,
         "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"])
         + little_to_show(lo),
-        "graph": figures.graph_elements(
-            problem.blocks,
-            graph.ops,
-            graph.values,
-            figures.graph_prefix(context["key"]),
-            names=[op_name(graph, o.index) for o in graph.ops],
-            titles=[block_title(graph, b) for b in problem.blocks],
-        ),
+        "graph": block_graph(studio, context["key"]),  # at module level: layers closed
+        "open": [],
         "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
         "note": tradeoff_note(context, link_text(problem)),
     }

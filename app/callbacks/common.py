@@ -8,8 +8,10 @@ from typing import Any
 from dash.exceptions import PreventUpdate
 
 import core
+from app import figures
 from app.state import Studio
 from core.errors import fmt_bytes
+from core.naming import block_title, op_name
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +88,18 @@ def blank(sig: str, text: str, height: int = 300) -> dict:
     note = {"text": text, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5}
     layout = {"height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False}}
     return stamp({"data": [], "layout": {**layout, "annotations": [{**note, "y": 0.5}]}}, sig)
+
+
+def block_graph(studio: Studio, key: str, expanded: Any = ()) -> list:
+    """The block graph's elements for the analysis `key`: layers closed but for `expanded`."""
+    problem = studio.problem(key)
+    graph = problem.graph
+    return figures.graph_elements(
+        problem.blocks,
+        graph.ops,
+        graph.values,
+        figures.graph_prefix(key),
+        names=[op_name(graph, o.index) for o in graph.ops],
+        titles=[block_title(graph, b) for b in problem.blocks],
+        expanded=set(expanded),
+    )

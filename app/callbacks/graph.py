@@ -8,9 +8,9 @@ from dash import Dash, Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
 from app import figures, ids
-from app.callbacks.common import plan_of, shown
+from app.callbacks.common import block_graph, plan_of, shown
 from app.explain import FATE_TEXT, step_view
-from app.readback import fate_of_ops, op_fates
+from app.readback import block_fates, fate_of_ops, op_fates
 from app.state import Studio
 from core.errors import fmt_bytes
 from core.naming import op_name
@@ -34,17 +34,18 @@ def register(app: Dash, studio: Studio) -> None:
         if plan is None:
             return {"sheet": figures.graph_stylesheet(), "label": "", "why": "", "for": sig}
         fates = op_fates(problem, plan)
+        layers = block_fates(problem, plan)
         prefix = figures.graph_prefix(plan_ref["key"])
         if step is None or step >= len(plan.program):
             return {
-                "sheet": figures.graph_stylesheet(fates, prefix=prefix),
+                "sheet": figures.graph_stylesheet(fates, prefix=prefix, layers=layers),
                 "label": f"{len(plan.program)} steps",
                 "why": "Press play or step to walk through the program.",
                 "for": sig,
             }
         view = step_view(problem, plan, step)
         sheet = figures.graph_stylesheet(
-            fates, view["running"], view["live"], view["block"], prefix
+            fates, view["running"], view["live"], view["block"], prefix, layers
         )
         return {"sheet": sheet, "label": view["label"], "why": view["why"], "for": sig}
 
@@ -67,6 +68,24 @@ def register(app: Dash, studio: Studio) -> None:
         return f"{said} ({op.label}, {op.name}), block {node['block']}, allocates {out}" + (
             f"; {FATE_TEXT[fate]}" if fate else ""
         )
+
+    @app.callback(
+        Output(ids.GRAPH, "elements", allow_duplicate=True),
+        Output(ids.GRAPH_OPEN, "data", allow_duplicate=True),
+        Input(ids.GRAPH, "tapNodeData"),
+        State(ids.GRAPH_OPEN, "data"),
+        State(ids.CONTEXT, "data"),
+        prevent_initial_call=True,
+    )
+    def open_or_close(node, opened, context):
+        """A click on a layer opens it into its ops; on an open block's box, closes it."""
+        if not node or node.get("op") is not None or node.get("block") is None:
+            raise PreventUpdate
+        if not context or not context.get("key") or context.get("error"):
+            raise PreventUpdate
+        block = int(node["block"])
+        opened = sorted(set(opened or []) ^ {block})
+        return block_graph(studio, context["key"], opened), opened
 
     @app.callback(
         Output(ids.BLOCK_PANEL, "children"),

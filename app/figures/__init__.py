@@ -5,7 +5,7 @@ plain dicts (faster than `go.Figure`). One module per view; every colour comes f
 `app.figures.palette`.
 """
 
-from app.figures.axes import MAX_POINTS, decimate, pick_unit
+from app.figures.axes import MAX_POINTS, decimate, pick_unit, step_x
 from app.figures.graph import graph_elements, graph_prefix, graph_stylesheet
 from app.figures.hover import hover_html
 from app.figures.palette import FATE_COLORS, KIND_COLORS, PEAK_COLOR
@@ -48,6 +48,7 @@ __all__ = [
     "T_TEMPORARIES",
     "budget_shape",
     "decimate",
+    "step_x",
     "floor_note",
     "floor_shape",
     "graph_elements",

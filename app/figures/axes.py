@@ -12,6 +12,12 @@ from app.figures.palette import LABEL_TEXT
 MAX_POINTS = 1000
 
 
+def step_x(i: float) -> float:
+    """Where program step `i` (0-based, as the simulator counts) sits on a program-step axis:
+    the axes, the hovers, the stepper and the step text all count from 1."""
+    return i + 1
+
+
 def pick_unit(nbytes: float) -> tuple[str, float]:
     """The binary unit to draw `nbytes`-sized numbers in: (name, bytes per unit)."""
     for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.figures.axes import legend_below, phase_rect, pick_unit
+from app.figures.axes import legend_below, phase_rect, pick_unit, step_x
 from app.figures.hover import hover_html
 from app.figures.palette import BACKGROUND, BACKWARD_SHADE, BAND_COLORS, EDGE, REST, UNKNOWN
 
@@ -69,11 +69,13 @@ def tensor_figure(
         "layout": {
             "height": 380,
             "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
-            "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+            "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
             "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
             "hovermode": "closest",
             "legend": legend_below(),
-            "shapes": [phase_rect(backward_start - 0.5, n_steps - 0.5, BACKWARD_SHADE)],
+            "shapes": [
+                phase_rect(step_x(backward_start - 0.5), step_x(n_steps - 0.5), BACKWARD_SHADE)
+            ],
             "plot_bgcolor": BACKGROUND,
             "meta": {"unit": name, "bands": len(chosen), "storages": len(rows)},
         },
@@ -104,10 +106,11 @@ def _band(row: dict, offsets: np.ndarray, size: float) -> dict:
 def _rest(drawn: np.ndarray, rest: np.ndarray, n_steps: int, count: int, size: float) -> dict:
     """The storages not drawn one by one, summed into one grey band on top."""
     steps = list(range(n_steps))
+    x = [step_x(i) for i in steps]
     return {
         "type": "scatter",
         "mode": "lines",
-        "x": steps + steps[::-1],
+        "x": x + x[::-1],
         "y": [round(float(drawn[i] + rest[i]) / size, 4) for i in steps]
         + [round(float(drawn[i]) / size, 4) for i in reversed(steps)],
         "fill": "toself",
@@ -135,7 +138,7 @@ def _band_outline(
     for a, b in zip(cuts, cuts[1:]):
         low = float(offsets[a]) / size
         for edge in (start + a - 0.5, start + b - 0.5):
-            x.append(edge)
+            x.append(step_x(edge))
             bottom.append(round(low, 4))
             top.append(round(low + nbytes / size, 4))
     return x, top, bottom

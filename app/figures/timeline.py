@@ -17,6 +17,7 @@ from app.figures.axes import (
     phase_label,
     phase_rect,
     pick_unit,
+    step_x,
     thin,
 )
 from app.figures.palette import (
@@ -68,7 +69,7 @@ def timeline_figure(
             "type": "scatter",
             "mode": "markers",
             "name": "recomputed op",
-            "x": recomputes,
+            "x": [step_x(i) for i in recomputes],
             "y": [round(total[i] / size, 4) for i in recomputes],
             "marker": {"symbol": "triangle-down", "size": 6, "color": RECOMPUTE_COLOR},
             "hoverinfo": "skip",
@@ -94,8 +95,9 @@ def _stack(
     def where(s: Any) -> str:
         block = block_names[s.block] if 0 <= s.block < len(block_names) else ""
         verb = "recompute" if s.recompute else ("run" if s.kind == "run" else s.kind)
-        # counted from 1, as the stepper counts
-        return f"step {s.index + 1}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
+        return (
+            f"step {step_x(s.index)}: {verb} {s.label} <b>{s.name}</b><br>block {s.block} {block}"
+        )
 
     text = [where(steps[i]) for i in keep]
     traces = []
@@ -106,7 +108,7 @@ def _stack(
                 "type": "scatter",
                 "mode": "lines",
                 "name": kind,
-                "x": keep,
+                "x": [step_x(i) for i in keep],
                 "y": [round(getattr(steps[i], kind) / size, 4) for i in keep],
                 "stackgroup": "live",
                 "line": {"width": 0.5, "color": KIND_COLORS[kind], "shape": "hv"},
@@ -125,7 +127,7 @@ def _budget_trace(budget: int, n: int, size: float) -> dict:
         "type": "scatter",
         "mode": "lines",
         "name": f"budget {fmt_bytes(budget)}",
-        "x": [0, max(n - 1, 1)],
+        "x": [step_x(0), step_x(max(n - 1, 1))],
         "y": [b, b],
         "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 2},
         "hoverinfo": "skip",
@@ -139,7 +141,7 @@ def _peak_trace(total: list[int], size: float) -> dict:
         "type": "scatter",
         "mode": "markers+text",
         "name": f"peak {fmt_bytes(peak)}",
-        "x": [total.index(peak) if total else 0],
+        "x": [step_x(total.index(peak) if total else 0)],
         "y": [round(peak / size, 4)],
         "text": [f"peak {fmt_bytes(peak)}"],
         "textposition": "top center",
@@ -154,7 +156,7 @@ def _copies_trace(steps: Sequence[Any], copies: list[int], total: list[int], siz
         "type": "scatter",
         "mode": "markers",
         "name": "copy to host (▲) / back (▼)",
-        "x": copies,
+        "x": [step_x(i) for i in copies],
         "y": [round(total[i] / size, 4) for i in copies],
         "marker": {
             "symbol": [
@@ -173,7 +175,7 @@ def _host_trace(host: Sequence[int], keep: list[int], unit: str, size: float) ->
         "type": "scatter",
         "mode": "lines",
         "name": f"host memory (parked, peak {fmt_bytes(max(host))})",
-        "x": keep,
+        "x": [step_x(i) for i in keep],
         "y": [round(host[i] / size, 4) for i in keep],
         "line": {"color": HOST_COLOR, "width": 2, "dash": "dot", "shape": "hv"},
         "hovertemplate": "host %{y:.1f} " + unit + "<extra></extra>",
@@ -185,17 +187,17 @@ def _layout(backward_start: int, n: int, unit: str, size: float) -> dict:
     return {
         "height": 360,
         "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
-        "xaxis": {"title": {"text": "program step"}, "showgrid": False},
+        "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
         "yaxis": {"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero"},
         "hovermode": "x unified",
         "legend": legend_below(),
         "shapes": [
-            phase_rect(-0.5, backward_start - 0.5, FORWARD_SHADE),
-            phase_rect(backward_start - 0.5, n - 0.5, BACKWARD_SHADE),
+            phase_rect(step_x(-0.5), step_x(backward_start - 0.5), FORWARD_SHADE),
+            phase_rect(step_x(backward_start - 0.5), step_x(n - 0.5), BACKWARD_SHADE),
         ],
         "annotations": [
-            phase_label(backward_start / 2, "forward"),
-            phase_label((backward_start + n) / 2, "backward"),
+            phase_label(step_x(backward_start / 2 - 0.5), "forward"),
+            phase_label(step_x((backward_start + n) / 2 - 0.5), "backward"),
         ],
         "uirevision": "timeline",
         "plot_bgcolor": BACKGROUND,
@@ -210,7 +212,7 @@ def measured_trace(live: Sequence[int], size: float, peak: int) -> dict:
         "type": "scatter",
         "mode": "lines",
         "name": f"measured here (peak {fmt_bytes(peak)})",
-        "x": keep,
+        "x": [step_x(i) for i in keep],
         "y": [round(live[i] / size, 4) for i in keep],
         "line": {"color": MEASURED_COLOR, "width": 1.5, "shape": "hv"},
         "hovertemplate": "measured %{y:.2f}<extra></extra>",
@@ -224,7 +226,7 @@ def marker_trace(step: int | None, height: float) -> dict:
         "type": "scatter",
         "mode": "lines",
         "name": "step",
-        "x": [] if step is None else [step, step],
+        "x": [] if step is None else [step_x(step)] * 2,
         "y": [] if step is None else [0, round(height * 1.05, 4)],
         "line": {"color": MARKER_COLOR, "width": 3},
         "hoverinfo": "skip",

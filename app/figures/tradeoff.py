@@ -16,6 +16,18 @@ from app.figures.palette import (
 
 OFFLOAD_CURVES = ("offload", "pofo")  # drawn dashed: remat+offload beside remat-only
 
+# each method's marker and dash, so that curves that meet stay told apart (open markers show
+# the line beneath them)
+METHOD_STYLE = {
+    "rockmate": ("circle", "solid"),
+    "rotor": ("square", "solid"),
+    "checkmate": ("diamond", "solid"),
+    "store_all": ("star", "solid"),
+    "checkpoint_blocks": ("diamond-open", "dot"),
+    "sqrt_n": ("circle-open", "solid"),
+    **{m: ("triangle-up", "dash") for m in OFFLOAD_CURVES},
+}
+
 
 def tradeoff_figure(
     curves: Mapping[str, Sequence[tuple[float, float]]],
@@ -26,23 +38,47 @@ def tradeoff_figure(
 ) -> dict:
     """Overhead (% extra time) against budget (% of store-all), one line per method.
 
-    `curves` maps a method to its points (budget %, overhead %); the current method is drawn
-    first and boldest, remat+offload methods (`OFFLOAD_CURVES`) dashed; clicking a point
-    sets the budget (its x). `floor` (budget %, the op): below it no plan can go, shaded.
+    `curves` maps a method to its points (budget %, overhead %). Every curve stays visible:
+    each method has its own marker and dash (remat+offload methods, `OFFLOAD_CURVES`,
+    dashed); the current method is drawn boldest and on top, first in the legend; a curve
+    whose every point lies on another is drawn over it and says so in its legend entry; the
+    y-axis starts below 0, so a curve at no extra time sits above the axis line, not on it.
+    Clicking a point sets the budget (its x). `floor` (budget %, the op): below it no plan can
+    go, shaded.
     """
-    order = [current] + [m for m in curves if m != current]
-    traces = [
-        _curve(method, curves[method], labels.get(method, method), method == current)
-        for method in order
-        if method in curves
-    ]
+    present = [m for m in curves if curves[m]]
+    top = max((y for m in present for _, y in curves[m]), default=0.0)
+    pad = max(top, 1.0) * 0.06
+    # closer than this on screen, two curves look like one: 1.5% of the axes' spans
+    near = (
+        0.015 * (top + 2 * pad),
+        0.005 * max((x for m in present for x, _ in curves[m]), default=100),
+    )
+    on = {m: _lies_on(m, present, curves, near) for m in present}
+    # drawn later is drawn on top: the others, then the curves lying on another, then the
+    # current method; the legend keeps the current method first
+    order = sorted(present, key=lambda m: (m == current, on[m] is not None))
+    traces = []
+    for method in order:
+        label = labels.get(method, method)
+        under = on[method]
+        if under is not None:
+            other, gap = labels.get(under[0], under[0]), under[1]
+            label += (
+                f" (coincides with {other})"
+                if gap < 0.005
+                else f" (within {gap:.2g} points of {other})"
+            )
+        trace = _curve(method, curves[method], label, method == current)
+        trace["legendrank"] = 1 if method == current else 2 + present.index(method)
+        traces.append(trace)
     return {
         "data": traces,
         "layout": {
             "height": 380,
             "margin": {"l": 60, "r": 10, "t": 10, "b": 130},
             "xaxis": {"title": {"text": "budget (% of store-all peak)"}, "rangemode": "tozero"},
-            "yaxis": {"title": {"text": "extra time (%)"}, "rangemode": "tozero"},
+            "yaxis": {"title": {"text": "extra time (%)"}, "range": [-pad, top + pad]},
             "legend": legend_below(),
             "shapes": [budget_shape(budget_pct)] + ([floor_shape(floor[0])] if floor else []),
             "annotations": [floor_note(*floor)] if floor else [],
@@ -53,9 +89,43 @@ def tradeoff_figure(
     }
 
 
+def _lies_on(
+    method: str,
+    present: Sequence[str],
+    curves: Mapping[str, Sequence[tuple[float, float]]],
+    near: tuple[float, float],
+) -> tuple[str, float] | None:
+    """The first other curve on which every point of `method`'s curve lies, within `near`
+    (extra-time points, budget points), and the largest gap: drawn apart, one would hide
+    the other."""
+    mine = (len(curves[method]), -present.index(method))
+    for other in present:
+        # of two curves on each other, the one with fewer points (or listed later) says so
+        if (len(curves[other]), -present.index(other)) <= mine:
+            continue
+        gaps = [_gap(p, curves[other], near[1]) for p in curves[method]]
+        if all(g is not None and g <= near[0] for g in gaps):
+            return other, max(g for g in gaps if g is not None)
+    return None
+
+
+def _gap(
+    point: tuple[float, float], curve: Sequence[tuple[float, float]], dx: float
+) -> float | None:
+    """How far `point` is above or below `curve` drawn as steps (each point's y holds until
+    the next); None outside the curve's budgets (`dx` of slack)."""
+    x, y = point
+    pts = sorted(curve)
+    if not pts or x < pts[0][0] - dx or x > pts[-1][0] + dx:
+        return None
+    before = [q for q in pts if q[0] <= x + dx]
+    return abs(before[-1][1] - y)
+
+
 def _curve(method: str, points: Sequence[tuple[float, float]], label: str, current: bool) -> dict:
-    """One method's points, bold when it is the current method."""
+    """One method's points, bold when it is the current method, with its own marker and dash."""
     pts = sorted(points)
+    symbol, dash = METHOD_STYLE.get(method, ("circle", "solid"))
     return {
         "type": "scatter",
         "mode": "lines+markers",
@@ -66,9 +136,14 @@ def _curve(method: str, points: Sequence[tuple[float, float]], label: str, curre
             "width": 3 if current else 1.5,
             "shape": "hv",
             "color": method_color(method),
-            "dash": "dash" if method in OFFLOAD_CURVES else "solid",
+            "dash": dash,
         },
-        "marker": {"size": 9 if current else 6, "color": method_color(method)},
+        "marker": {
+            "size": 10 if current else 8,
+            "symbol": symbol,
+            "color": method_color(method),
+            "line": {"width": 2, "color": method_color(method)},
+        },
         "hovertemplate": "budget %{x:.1f}%<br>extra time %{y:.1f}%<extra>" + label + "</extra>",
         "meta": method,
     }

@@ -28,17 +28,23 @@ def transfer_figure(
     traces.append(_stalls(waits))
     stall = sum(started - ready for _, ready, started in waits)
     moved = sum(sizes[t.value] for t in transfers if t.kind == "offload")
+    # two short lines: a chart's title does not wrap, and one line ran past a narrow chart
     title = (
-        f"{len(transfers)} copies, {fmt_bytes(moved)} offloaded, stalls {ms(stall)} · {link}"
+        f"{len(transfers)} copies, {fmt_bytes(moved)} offloaded, stalls {ms(stall)}<br>{link}"
         if transfers
-        else f"no copies: this plan keeps or recomputes every activation · {link}"
+        else f"no copies: this plan keeps or recomputes every activation<br>{link}"
     )
     return {
         "data": traces,
         "layout": {
-            "height": 220,
-            "margin": {"l": 150, "r": 10, "t": 30, "b": 40},
-            "title": {"text": title, "font": {"size": 12}, "x": 0, "xanchor": "left"},
+            "height": 240,
+            "margin": {"l": 150, "r": 10, "t": 48, "b": 40},
+            "title": {
+                "text": title,
+                "font": {"size": 12},
+                "x": 0,
+                "xanchor": "left",
+            },
             "xaxis": {
                 "title": {"text": "time from the start of the training step (ms)"},
                 "rangemode": "tozero",
