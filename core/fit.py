@@ -14,7 +14,8 @@ same rule: offloading is an option, so it never fits a smaller batch than ours).
 Each batch size is traced on fake inputs shaped from the model's example call (the meta
 device works: nothing is allocated). The search per strategy is exact: every answer B was
 planned at B, and B + 1 was planned and does not fit (a batch of `max_batch` that fits is
-reported as such). Two traced batches give an affine first guess of each strategy's memory.
+reported as such). The search starts at a predicted answer (`Fitter._guesses`, from the
+batches in BASE), so a right prediction costs two more traced batches per answer: B and B + 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.errors import InfeasibleBudget, RematError
 from core.footprint import OPTIMIZER_STATES, optimizer_bytes
+from core.plan import Plan
 from core.problem import Problem, analyze
 from core.shapes import expand
 from core.solvers import solve
@@ -35,6 +37,7 @@ from core.trace import join_call, split_call
 from core.trace.model_call import ModelCall
 
 OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
+BASE = (2, 3, 4)  # batches traced first: the memory lines are fitted on them
 STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
 _METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
 
@@ -67,6 +70,8 @@ class FitReport:
     optimizer_bytes: int
     fits: list[Fit]
     probes: dict[int, float] = field(default_factory=dict)  # batch -> seconds to analyse
+    guesses: dict[str, int] = field(default_factory=dict)  # strategy -> predicted batch
+    affine: bool = True  # eager's and checkpointing's bytes were on their lines at BASE
 
 
 class _Probe:
@@ -122,6 +127,7 @@ class Fitter:
         if seq is not None and seq <= 0:
             raise FitError(f"the sequence length must be a positive integer, not {seq}")
         self.optimizer, self.device, self.max_batch = optimizer, device, max_batch
+        self.affine = True  # the last fit's eager and checkpointing bytes on their lines
         self._probe = _Probe(call, seq, device)
 
     @property
@@ -135,7 +141,7 @@ class Fitter:
             raise FitError(f"the memory must be a positive number of bytes, not {memory}")
         if not overhead >= 1.0:
             raise FitError(f"the overhead is predicted time over eager's, at least 1.0: {overhead}")
-        guesses = self._guesses(memory)
+        guesses = self._guesses(memory, overhead)
         fits = []
         for strategy in STRATEGIES:
 
@@ -154,6 +160,8 @@ class Fitter:
             optimizer_bytes(one, self.optimizer),
             fits,
             dict(self._probe.seconds),
+            guesses,
+            self.affine,
         )
 
     def _fixed(self, problem: Problem) -> int:
@@ -176,13 +184,7 @@ class Fitter:
             except InfeasibleBudget:  # checkpointing saves nothing here: eager's figures
                 peak, over = problem.store_all_peak, 1.0
         else:  # with offloading: the offload solver's plan or Rockmate's, the faster fitting
-            plans = []
-            for method in _METHODS[strategy]:
-                try:
-                    plans.append(solve(problem, left, method))
-                except InfeasibleBudget:
-                    continue
-            plans = [p for p in plans if p.overhead <= overhead]
+            plans = [p for p in _plans(problem, left, _METHODS[strategy]) if p.overhead <= overhead]
             if not plans:
                 return None
             best = min(plans, key=lambda p: p.predicted_time)
@@ -214,26 +216,91 @@ class Fitter:
             return Fit(strategy, 0)
         return Fit(best.strategy, best.batch, best.peak, best.total, best.overhead, lo == top)
 
-    def _guesses(self, memory: int) -> dict[str, int]:
-        """First probes: each strategy's memory as affine in the batch, from batches 1 and 2."""
-        p1, p2 = self._probe.problem(1), self._probe.problem(2)
+    def _guesses(self, memory: int, overhead: float) -> dict[str, int]:
+        """Each strategy's predicted answer, from the batches in BASE traced once.
 
-        def largest(n1: int, n2: int) -> int:
-            slope = max(n2 - n1, 1)
-            return max(1, (memory - n1) // slope + 1)
+        The bytes a step holds are affine in the batch on these models past batch 1 (a batch
+        of 1 can trace to fewer ops): eager's and checkpointing's totals are fitted from
+        batches 2 and 3 and checked at 4; when the check fails the guess is still the line's,
+        and the search falls back to stepping and bisection. Ours (with or without offloading)
+        is predicted on the largest base batch's problem: a plan there with peak q is taken to
+        grow like the store-all peak, c + (q - c) * B / b0 at batch B (c: the store-all line's
+        intercept), so batch B is predicted to fit when the solver finds a plan in the budget
+        that maps to the memory left at B."""
+        base = [b for b in BASE if b <= self.max_batch]
+        if len(base) < 2:
+            return dict.fromkeys(STRATEGIES, 1)
+        problems = [self._probe.problem(b) for b in base]
+        fixed = [self._fixed(p) for p in problems]
+        eager = [f + p.store_all_peak for f, p in zip(fixed, problems, strict=True)]
+        blocks = [f + _ckpt_peak(p) for f, p in zip(fixed, problems, strict=True)]
+        self.affine = all(_is_affine(base, n) for n in (eager, blocks, fixed))
+        guesses = {"eager": _solve_line(base, eager, memory), "checkpoint every layer": 0}
+        guesses["checkpoint every layer"] = _solve_line(base, blocks, memory)
+        b0, p0 = base[-1], problems[-1]
+        peaks = [p.store_all_peak for p in problems]
+        c = peaks[0] - base[0] * (peaks[1] - peaks[0]) // (base[1] - base[0])
 
-        def ckpt(p: Problem) -> int:
-            try:
-                return solve(p, p.store_all_peak, "checkpoint_blocks").predicted_peak
-            except InfeasibleBudget:
-                return p.store_all_peak
+        def fits(strategy: str, batch: int) -> bool:
+            room = memory - _on_line(base, fixed, batch)
+            q = c + (room - c) * b0 // batch
+            if q >= p0.store_all_peak:
+                return True
+            return q > 0 and any(p.overhead <= overhead for p in _plans(p0, q, _METHODS[strategy]))
 
-        eager = largest(self._fixed(p1) + p1.store_all_peak, self._fixed(p2) + p2.store_all_peak)
-        blocks = largest(self._fixed(p1) + ckpt(p1), self._fixed(p2) + ckpt(p2))
-        ours = int((eager * blocks) ** 0.5)
-        return {
-            "eager": eager,
-            "checkpoint every layer": blocks,
-            "ours": ours,
-            "ours + offload": ours,
-        }
+        for strategy in ("ours", "ours + offload"):
+            guesses[strategy] = _gallop(
+                lambda b, s=strategy: fits(s, b), guesses["eager"], self.max_batch
+            )
+        return guesses
+
+
+def _ckpt_peak(problem: Problem) -> int:
+    """Checkpointing every layer's step peak (eager's where it saves nothing)."""
+    try:
+        return solve(problem, problem.store_all_peak, "checkpoint_blocks").predicted_peak
+    except InfeasibleBudget:
+        return problem.store_all_peak
+
+
+def _plans(problem: Problem, budget: int, methods: tuple[str, ...]) -> list[Plan]:
+    """The plans of `methods` that fit `budget` (a method with none is left out)."""
+    plans = []
+    for method in methods:
+        try:
+            plans.append(solve(problem, budget, method))
+        except InfeasibleBudget:
+            continue
+    return plans
+
+
+def _on_line(xs: list[int], ys: list[int], x: int) -> int:
+    """The line through the first two points, at x."""
+    return ys[0] + (x - xs[0]) * (ys[1] - ys[0]) // (xs[1] - xs[0])
+
+
+def _is_affine(xs: list[int], ys: list[int]) -> bool:
+    """Every point on the line through the first two, exactly."""
+    return all(_on_line(xs, ys, x) == y for x, y in zip(xs, ys, strict=True))
+
+
+def _solve_line(xs: list[int], ys: list[int], memory: int) -> int:
+    """The largest batch whose bytes on the line through the first two points fit `memory`."""
+    slope = max((ys[1] - ys[0]) // (xs[1] - xs[0]), 1)
+    return max(1, xs[0] + (memory - ys[0]) // slope)
+
+
+def _gallop(fits: Callable[[int], bool], start: int, top: int) -> int:
+    """The largest batch in 1..top with `fits` (assumed monotone): doubling from `start`
+    until bracketed, then bisection. Cheap predicates only: this is the prediction."""
+    lo, hi, b = 0, top + 1, min(max(start, 1), top)
+    while hi - lo > 1:
+        if fits(b):
+            lo = b
+            b = min(2 * b, top) if hi > top else (lo + hi) // 2
+        else:
+            hi = b
+            b = max(b // 2, 1) if lo == 0 else (lo + hi) // 2
+        if b in (lo, hi):
+            b = (lo + hi) // 2
+    return max(lo, 1)
