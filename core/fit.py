@@ -37,7 +37,8 @@ from core.trace import join_call, split_call
 from core.trace.model_call import ModelCall
 
 OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
-BASE = (2, 3, 4)  # batches traced first: the memory lines are fitted on them
+BASE = (2, 3)  # batches traced first: eager's first line goes through them
+ITERATIONS = 4  # Newton steps on a memory line before the exact search takes over
 STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
 _METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
 
@@ -71,7 +72,6 @@ class FitReport:
     fits: list[Fit]
     probes: dict[int, float] = field(default_factory=dict)  # batch -> seconds to analyse
     guesses: dict[str, int] = field(default_factory=dict)  # strategy -> predicted batch
-    affine: bool = True  # eager's and checkpointing's bytes were on their lines at BASE
 
 
 class _Probe:
@@ -127,7 +127,6 @@ class Fitter:
         if seq is not None and seq <= 0:
             raise FitError(f"the sequence length must be a positive integer, not {seq}")
         self.optimizer, self.device, self.max_batch = optimizer, device, max_batch
-        self.affine = True  # the last fit's eager and checkpointing bytes on their lines
         self._probe = _Probe(call, seq, device)
 
     @property
@@ -149,7 +148,7 @@ class Fitter:
                 return self._evaluate(strategy, batch, memory, overhead)
 
             fits.append(self._largest(at, guesses[strategy], strategy))
-        one = self._probe.problem(1)
+        one = self._probe.problem(min(self._probe.problems))  # bytes alike at any batch
         return FitReport(
             memory,
             overhead,
@@ -161,7 +160,6 @@ class Fitter:
             fits,
             dict(self._probe.seconds),
             guesses,
-            self.affine,
         )
 
     def _fixed(self, problem: Problem) -> int:
@@ -217,42 +215,66 @@ class Fitter:
         return Fit(best.strategy, best.batch, best.peak, best.total, best.overhead, lo == top)
 
     def _guesses(self, memory: int, overhead: float) -> dict[str, int]:
-        """Each strategy's predicted answer, from the batches in BASE traced once.
+        """Each strategy's predicted answer, the batches it traces being those the exact
+        search plans first.
 
-        The bytes a step holds are affine in the batch on these models past batch 1 (a batch
-        of 1 can trace to fewer ops): eager's and checkpointing's totals are fitted from
-        batches 2 and 3 and checked at 4; when the check fails the guess is still the line's,
-        and the search falls back to stepping and bisection. Ours (with or without offloading)
-        is predicted on the largest base batch's problem: a plan there with peak q is taken to
-        grow like the store-all peak, c + (q - c) * B / b0 at batch B (c: the store-all line's
-        intercept), so batch B is predicted to fit when the solver finds a plan in the budget
-        that maps to the memory left at B."""
+        A step's bytes are piecewise affine in the batch (the larger of a part that grows
+        with it, the activations, and one that does not, e.g. the gradients), so eager's and
+        checkpointing's totals are followed by Newton steps on the line through batches b and
+        b + 1 (from BASE's line, and from eager's answer) until b fits and b + 1 does not, or
+        ITERATIONS steps (then the exact search steps and bisects from there). Ours (with
+        or without offloading) is predicted on checkpointing's answer's problem, batch b0: a
+        plan there of peak q is taken to grow like the store-all line through b0 and b0 + 1,
+        c + (q - c) * B / b0 at batch B, so B is predicted to fit when the solver finds a plan
+        within the overhead in the budget that maps to the memory left at B."""
         base = [b for b in BASE if b <= self.max_batch]
         if len(base) < 2:
             return dict.fromkeys(STRATEGIES, 1)
-        problems = [self._probe.problem(b) for b in base]
-        fixed = [self._fixed(p) for p in problems]
-        eager = [f + p.store_all_peak for f, p in zip(fixed, problems, strict=True)]
-        blocks = [f + _ckpt_peak(p) for f, p in zip(fixed, problems, strict=True)]
-        self.affine = all(_is_affine(base, n) for n in (eager, blocks, fixed))
-        guesses = {"eager": _solve_line(base, eager, memory), "checkpoint every layer": 0}
-        guesses["checkpoint every layer"] = _solve_line(base, blocks, memory)
-        b0, p0 = base[-1], problems[-1]
-        peaks = [p.store_all_peak for p in problems]
-        c = peaks[0] - base[0] * (peaks[1] - peaks[0]) // (base[1] - base[0])
+
+        def eager(b: int) -> int:
+            p = self._probe.problem(b)
+            return self._fixed(p) + p.store_all_peak
+
+        def blocks(b: int) -> int:
+            p = self._probe.problem(b)
+            return self._fixed(p) + _ckpt_peak(p)
+
+        first = _solve_line(base, [eager(b) for b in base], memory)
+        guesses = {"eager": self._newton(eager, first, memory)}
+        # checkpointing holds no more than eager: its search starts at eager's answer
+        guesses["checkpoint every layer"] = self._newton(blocks, guesses["eager"], memory)
+        b0 = max(min(guesses["checkpoint every layer"], self.max_batch - 1), 1)
+        p0, p1 = self._probe.problem(b0), self._probe.problem(b0 + 1)
+        xs, fixed = [b0, b0 + 1], [self._fixed(p0), self._fixed(p1)]
+        c = p0.store_all_peak - b0 * (p1.store_all_peak - p0.store_all_peak)
 
         def fits(strategy: str, batch: int) -> bool:
-            room = memory - _on_line(base, fixed, batch)
+            room = memory - _on_line(xs, fixed, batch)
             q = c + (room - c) * b0 // batch
             if q >= p0.store_all_peak:
                 return True
-            return q > 0 and any(p.overhead <= overhead for p in _plans(p0, q, _METHODS[strategy]))
+            plans = _plans(p0, q, _METHODS[strategy]) if q > 0 else []
+            return any(p.overhead <= overhead for p in plans)
 
         for strategy in ("ours", "ours + offload"):
             guesses[strategy] = _gallop(
                 lambda b, s=strategy: fits(s, b), guesses["eager"], self.max_batch
             )
         return guesses
+
+    def _newton(self, need: Callable[[int], int], b: int, memory: int) -> int:
+        """From `b`, Newton steps on `need` (bytes at a batch) towards its largest batch
+        within `memory`: each step traces b and b + 1 and follows their line."""
+        top = self.max_batch
+        for _ in range(ITERATIONS):
+            b = min(max(b, 1), top)
+            if b == top:
+                return b
+            n0, n1 = need(b), need(b + 1)
+            if n0 <= memory < n1:
+                return b
+            b = _solve_line([b, b + 1], [n0, n1], memory)
+        return b
 
 
 def _ckpt_peak(problem: Problem) -> int:
@@ -277,11 +299,6 @@ def _plans(problem: Problem, budget: int, methods: tuple[str, ...]) -> list[Plan
 def _on_line(xs: list[int], ys: list[int], x: int) -> int:
     """The line through the first two points, at x."""
     return ys[0] + (x - xs[0]) * (ys[1] - ys[0]) // (xs[1] - xs[0])
-
-
-def _is_affine(xs: list[int], ys: list[int]) -> bool:
-    """Every point on the line through the first two, exactly."""
-    return all(_on_line(xs, ys, x) == y for x, y in zip(xs, ys, strict=True))
 
 
 def _solve_line(xs: list[int], ys: list[int], memory: int) -> int:

@@ -31,7 +31,7 @@ def main(name: str, layers: int) -> None:
         traced = len(fitter.seconds) - before
         print(
             f"{name} {layers}L {gib} GiB: {time.perf_counter() - t:.0f} s, {traced} batch sizes "
-            f"traced, affine {r.affine}, params {r.param_bytes / 2**20:.1f} MiB, "
+            f"traced, params {r.param_bytes / 2**20:.1f} MiB, "
             f"AdamW {r.optimizer_bytes / 2**20:.1f} MiB",
             flush=True,
         )
@@ -43,7 +43,9 @@ def main(name: str, layers: int) -> None:
                 flush=True,
             )
     print(f"traced: {sorted(fitter.seconds)}")
-    print(f"trace seconds: {sum(fitter.seconds.values()):.0f}, total {time.perf_counter() - start:.0f}")
+    print(
+        f"trace seconds: {sum(fitter.seconds.values()):.0f}, total {time.perf_counter() - start:.0f}"
+    )
 
 
 if __name__ == "__main__":
