@@ -20,6 +20,7 @@ batches in BASE), so a right prediction costs two more traced batches per answer
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,7 +259,7 @@ class Fitter:
 
         for strategy in ("ours", "ours + offload"):
             guesses[strategy] = _gallop(
-                lambda b, s=strategy: fits(s, b), guesses["eager"], self.max_batch
+                functools.partial(fits, strategy), guesses["eager"], self.max_batch
             )
         return guesses
 
