@@ -14,11 +14,13 @@ same rule: offloading is an option, so it never fits a smaller batch than ours).
 Each batch size is traced on fake inputs shaped from the model's example call (the meta
 device works: nothing is allocated). The search per strategy is exact: every answer B was
 planned at B, and B + 1 was planned and does not fit (a batch of `max_batch` that fits is
-reported as such). Two traced batches give an affine first guess of each strategy's memory.
+reported as such). The search starts at a predicted answer (`Fitter._guesses`, from the
+batches in BASE), so a right prediction costs two more traced batches per answer: B and B + 1.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.errors import InfeasibleBudget, RematError
 from core.footprint import OPTIMIZER_STATES, optimizer_bytes
+from core.plan import Plan
 from core.problem import Problem, analyze
 from core.shapes import expand
 from core.solvers import solve
@@ -35,6 +38,8 @@ from core.trace import join_call, split_call
 from core.trace.model_call import ModelCall
 
 OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
+BASE = (2, 3)  # batches traced first: eager's first line goes through them
+ITERATIONS = 4  # Newton steps on a memory line before the exact search takes over
 STRATEGIES = ("eager", "checkpoint every layer", "ours", "ours + offload")
 _METHODS = {"ours": ("rockmate",), "ours + offload": ("offload", "rockmate")}
 
@@ -67,6 +72,7 @@ class FitReport:
     optimizer_bytes: int
     fits: list[Fit]
     probes: dict[int, float] = field(default_factory=dict)  # batch -> seconds to analyse
+    guesses: dict[str, int] = field(default_factory=dict)  # strategy -> predicted batch
 
 
 class _Probe:
@@ -135,7 +141,7 @@ class Fitter:
             raise FitError(f"the memory must be a positive number of bytes, not {memory}")
         if not overhead >= 1.0:
             raise FitError(f"the overhead is predicted time over eager's, at least 1.0: {overhead}")
-        guesses = self._guesses(memory)
+        guesses = self._guesses(memory, overhead)
         fits = []
         for strategy in STRATEGIES:
 
@@ -143,7 +149,7 @@ class Fitter:
                 return self._evaluate(strategy, batch, memory, overhead)
 
             fits.append(self._largest(at, guesses[strategy], strategy))
-        one = self._probe.problem(1)
+        one = self._probe.problem(min(self._probe.problems))  # bytes alike at any batch
         return FitReport(
             memory,
             overhead,
@@ -154,6 +160,7 @@ class Fitter:
             optimizer_bytes(one, self.optimizer),
             fits,
             dict(self._probe.seconds),
+            guesses,
         )
 
     def _fixed(self, problem: Problem) -> int:
@@ -176,13 +183,7 @@ class Fitter:
             except InfeasibleBudget:  # checkpointing saves nothing here: eager's figures
                 peak, over = problem.store_all_peak, 1.0
         else:  # with offloading: the offload solver's plan or Rockmate's, the faster fitting
-            plans = []
-            for method in _METHODS[strategy]:
-                try:
-                    plans.append(solve(problem, left, method))
-                except InfeasibleBudget:
-                    continue
-            plans = [p for p in plans if p.overhead <= overhead]
+            plans = [p for p in _plans(problem, left, _METHODS[strategy]) if p.overhead <= overhead]
             if not plans:
                 return None
             best = min(plans, key=lambda p: p.predicted_time)
@@ -214,26 +215,110 @@ class Fitter:
             return Fit(strategy, 0)
         return Fit(best.strategy, best.batch, best.peak, best.total, best.overhead, lo == top)
 
-    def _guesses(self, memory: int) -> dict[str, int]:
-        """First probes: each strategy's memory as affine in the batch, from batches 1 and 2."""
-        p1, p2 = self._probe.problem(1), self._probe.problem(2)
+    def _guesses(self, memory: int, overhead: float) -> dict[str, int]:
+        """Each strategy's predicted answer, the batches it traces being those the exact
+        search plans first.
 
-        def largest(n1: int, n2: int) -> int:
-            slope = max(n2 - n1, 1)
-            return max(1, (memory - n1) // slope + 1)
+        A step's bytes are piecewise affine in the batch (the larger of a part that grows
+        with it, the activations, and one that does not, e.g. the gradients), so eager's and
+        checkpointing's totals are followed by Newton steps on the line through batches b and
+        b + 1 (from BASE's line, and from eager's answer) until b fits and b + 1 does not, or
+        ITERATIONS steps (then the exact search steps and bisects from there). Ours (with
+        or without offloading) is predicted on checkpointing's answer's problem, batch b0: a
+        plan there of peak q is taken to grow like the store-all line through b0 and b0 + 1,
+        c + (q - c) * B / b0 at batch B, so B is predicted to fit when the solver finds a plan
+        within the overhead in the budget that maps to the memory left at B."""
+        base = [b for b in BASE if b <= self.max_batch]
+        if len(base) < 2:
+            return dict.fromkeys(STRATEGIES, 1)
 
-        def ckpt(p: Problem) -> int:
-            try:
-                return solve(p, p.store_all_peak, "checkpoint_blocks").predicted_peak
-            except InfeasibleBudget:
-                return p.store_all_peak
+        def eager(b: int) -> int:
+            p = self._probe.problem(b)
+            return self._fixed(p) + p.store_all_peak
 
-        eager = largest(self._fixed(p1) + p1.store_all_peak, self._fixed(p2) + p2.store_all_peak)
-        blocks = largest(self._fixed(p1) + ckpt(p1), self._fixed(p2) + ckpt(p2))
-        ours = int((eager * blocks) ** 0.5)
-        return {
-            "eager": eager,
-            "checkpoint every layer": blocks,
-            "ours": ours,
-            "ours + offload": ours,
-        }
+        def blocks(b: int) -> int:
+            p = self._probe.problem(b)
+            return self._fixed(p) + _ckpt_peak(p)
+
+        first = _solve_line(base, [eager(b) for b in base], memory)
+        guesses = {"eager": self._newton(eager, first, memory)}
+        # checkpointing holds no more than eager: its search starts at eager's answer
+        guesses["checkpoint every layer"] = self._newton(blocks, guesses["eager"], memory)
+        b0 = max(min(guesses["checkpoint every layer"], self.max_batch - 1), 1)
+        p0, p1 = self._probe.problem(b0), self._probe.problem(b0 + 1)
+        xs, fixed = [b0, b0 + 1], [self._fixed(p0), self._fixed(p1)]
+        c = p0.store_all_peak - b0 * (p1.store_all_peak - p0.store_all_peak)
+
+        def fits(strategy: str, batch: int) -> bool:
+            room = memory - _on_line(xs, fixed, batch)
+            q = c + (room - c) * b0 // batch
+            if q >= p0.store_all_peak:
+                return True
+            plans = _plans(p0, q, _METHODS[strategy]) if q > 0 else []
+            return any(p.overhead <= overhead for p in plans)
+
+        for strategy in ("ours", "ours + offload"):
+            guesses[strategy] = _gallop(
+                functools.partial(fits, strategy), guesses["eager"], self.max_batch
+            )
+        return guesses
+
+    def _newton(self, need: Callable[[int], int], b: int, memory: int) -> int:
+        """From `b`, Newton steps on `need` (bytes at a batch) towards its largest batch
+        within `memory`: each step traces b and b + 1 and follows their line."""
+        top = self.max_batch
+        for _ in range(ITERATIONS):
+            b = min(max(b, 1), top)
+            if b == top:
+                return b
+            n0, n1 = need(b), need(b + 1)
+            if n0 <= memory < n1:
+                return b
+            b = _solve_line([b, b + 1], [n0, n1], memory)
+        return b
+
+
+def _ckpt_peak(problem: Problem) -> int:
+    """Checkpointing every layer's step peak (eager's where it saves nothing)."""
+    try:
+        return solve(problem, problem.store_all_peak, "checkpoint_blocks").predicted_peak
+    except InfeasibleBudget:
+        return problem.store_all_peak
+
+
+def _plans(problem: Problem, budget: int, methods: tuple[str, ...]) -> list[Plan]:
+    """The plans of `methods` that fit `budget` (a method with none is left out)."""
+    plans = []
+    for method in methods:
+        try:
+            plans.append(solve(problem, budget, method))
+        except InfeasibleBudget:
+            continue
+    return plans
+
+
+def _on_line(xs: list[int], ys: list[int], x: int) -> int:
+    """The line through the first two points, at x."""
+    return ys[0] + (x - xs[0]) * (ys[1] - ys[0]) // (xs[1] - xs[0])
+
+
+def _solve_line(xs: list[int], ys: list[int], memory: int) -> int:
+    """The largest batch whose bytes on the line through the first two points fit `memory`."""
+    slope = max((ys[1] - ys[0]) // (xs[1] - xs[0]), 1)
+    return max(1, xs[0] + (memory - ys[0]) // slope)
+
+
+def _gallop(fits: Callable[[int], bool], start: int, top: int) -> int:
+    """The largest batch in 1..top with `fits` (assumed monotone): doubling from `start`
+    until bracketed, then bisection. Cheap predicates only: this is the prediction."""
+    lo, hi, b = 0, top + 1, min(max(start, 1), top)
+    while hi - lo > 1:
+        if fits(b):
+            lo = b
+            b = min(2 * b, top) if hi > top else (lo + hi) // 2
+        else:
+            hi = b
+            b = max(b // 2, 1) if lo == 0 else (lo + hi) // 2
+        if b in (lo, hi):
+            b = (lo + hi) // 2
+    return max(lo, 1)
