@@ -14,7 +14,7 @@ from app.figures import graph_stylesheet
 from app.figures.palette import FATE_COLORS
 from app.panels import compare_card, lesson_card
 from app.parallel_card import parallel_card
-from app.state import DEVICES, METHOD_LABELS
+from app.state import DEVICES, METHOD_LABELS, STEP_LABELS, STEP_OPTIONS
 from app.words import GLOSSARY
 from core.footprint import OPTIMIZER
 
@@ -186,6 +186,17 @@ def _controls(models, model, method, methods):
                 className="control offload",
                 title="also park activations in host memory and bring them back before the "
                 "backward reads them: re-solves with offloading and draws its trade-off curve",
+            ),
+            html.Div(
+                dcc.Checklist(
+                    [{"label": STEP_LABELS[o], "value": o} for o in STEP_OPTIONS],
+                    [],
+                    id=ids.STEP_OPTS,
+                ),
+                className="control offload",
+                title="analyse the step with AdamW's update of each parameter inside the "
+                "backward (each gradient freed after its update), and/or the LM head's loss "
+                "computed over chunks of rows: both lower the floor no plan goes below",
             ),
         ],
     )
@@ -439,6 +450,14 @@ def _export_card():
             className="hint",
         ),
         _plot(ids.FIT, 200),
+        html.P(
+            "Memory against batch size: the whole footprint of plain PyTorch and of the plan "
+            "at this budget fraction, each batch size traced and planned again (a background "
+            "job), against the device's memory.",
+            className="hint",
+        ),
+        _plot(ids.BATCH_FIG, 260),
+        html.P(id=ids.BATCH_TEXT, className="hint"),
         html.H2("Use this plan"),
         html.P("Download the plan on screen and apply it in your training script:"),
         html.Button("download plan.pkl", id=ids.EXPORT, className="primary"),

@@ -8,9 +8,11 @@ results (see `app.cache`). Reading a plan back is `app.readback` (numbers) and `
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+
+import torch
 
 import core
 import sample_models
@@ -44,6 +46,12 @@ PARALLEL_DEVICES = (1, 2, 4, 8)  # the devices control's choices
 # `core.parallel_plan` re-traces the model once per tensor-parallel degree: seconds for
 # graphs this small, minutes for gpt2-small; larger models get a note instead
 PARALLEL_MAX_OPS = 300
+# the step switches: the optimizer's update inside the step (AdamW), the chunked loss head
+STEP_OPTIONS = ("optimizer", "chunked")
+STEP_LABELS = {
+    "optimizer": "optimizer in the step (AdamW)",
+    "chunked": "chunked loss head",
+}
 OFFLOAD_POINTS = 8  # budgets of the remat+offload curve (an offload solve each: seconds)
 
 # Tracing patches process-wide state (make_fx's patcher, fake modes): two analyses in two
@@ -92,8 +100,12 @@ class Studio:
     # -------------------------------------------------------------- problems
 
     @staticmethod
-    def key(model: str, costs: str, device: str) -> str:
-        return "|".join((model, costs, "here" if costs == "measured" else device))
+    def key(model: str, costs: str, device: str, step: Sequence[str] = ()) -> str:
+        """ "model|costs|device", plus "|optimizer+chunked" when `step` (STEP_OPTIONS) asks
+        for the optimizer's update in the step or the chunked loss head."""
+        parts = [model, costs, "here" if costs == "measured" else device]
+        chosen = [o for o in STEP_OPTIONS if o in step]
+        return "|".join([*parts, "+".join(chosen)] if chosen else parts)
 
     def describe(self, model: str) -> str:
         try:
@@ -107,7 +119,8 @@ class Studio:
         """The analysed problem for `key` (cached; analysed on a miss, with `progress`)."""
 
         def make() -> core.Problem:
-            model_name, costs, device = key.split("|")
+            model_name, costs, device, *rest = key.split("|")
+            step = rest[0].split("+") if rest else []
             if model_name not in self.builders:
                 raise KeyError(f"unknown model {model_name!r}")
             report = progress or (lambda stage, frac: None)
@@ -126,6 +139,7 @@ class Studio:
                     device="cpu" if device == "here" else device,
                     name=model_name,
                     progress=tick,
+                    **step_options(call, step),
                 )
 
         return self.problems.get_or_make(key, make)
@@ -230,6 +244,23 @@ class Studio:
             return tensor_rows(problem, plan, live_bands(problem, plan))
 
         return self.derived.get_or_make(("tensors", key, method, int(budget)), make)
+
+
+def step_options(call: ModelCall, step: Sequence[str]) -> dict:
+    """`core.analyze`'s options for the page's step switches: AdamW (torch's defaults) over
+    the model's parameters, and the chunked loss head."""
+    options: dict = {}
+    if "optimizer" in step:
+        params = [p for p in call.model.parameters() if p.requires_grad]
+        options["optimizer"] = torch.optim.AdamW(params, foreach=False)
+    if "chunked" in step:
+        options["loss_head"] = "chunked"
+    return options
+
+
+def base_key(key: str) -> str:
+    """The key of the same analysis without the step switches."""
+    return "|".join(key.split("|")[:3])
 
 
 def _called(build: Callable, name: str) -> ModelCall:

@@ -129,7 +129,34 @@ def intro(name: str, description: str, numbers: dict) -> list:
                 "for any budget: move the slider."
             )
         )
-    return parts
+    return parts + _step_words(numbers)
+
+
+def _step_words(numbers: dict) -> list:
+    """What the step switches save: plain PyTorch's peak and the floor, against the step
+    without them (analysed beside it)."""
+    if "plain_step_peak" not in numbers:
+        return []
+    plain, now = numbers["plain_step_peak"], numbers["store_all_peak"]
+    said = [
+        f"Analysed with the step's options on: plain PyTorch's peak is {fmt_bytes(now)} "
+        f"against {fmt_bytes(plain)} for the plain step "
+        + (
+            f"({fmt_bytes(plain - now)} saved), "
+            if plain > now
+            else "(nothing saved at the peak: activations, not gradients, set it), "
+        )
+        + f"and the floor no plan goes below is {fmt_bytes(numbers['floor'])} against "
+        f"{fmt_bytes(numbers['plain_floor'])}."
+    ]
+    if numbers.get("updates"):
+        said.append(
+            f" The {numbers['updates']} ops of AdamW's updates run inside the backward (marked "
+            "on the timeline): each parameter is updated once its gradient is complete and the "
+            "gradient is freed, so the gradients are never all held at once and no "
+            "optimizer.step() follows."
+        )
+    return [html.P(said, className="hint")]
 
 
 def cost_words(cost_model: str) -> str:

@@ -41,7 +41,8 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
 });
 
 // The page's freshness watcher. Every view carries the controls it was drawn for (a
-// `data-for` attribute, or a plotly figure's layout.meta.for): "model|device|method|offload",
+// `data-for` attribute, or a plotly figure's layout.meta.for): "model|device|method|offload" (the
+// step switches appended to offload: "off+optimizer+chunked"),
 // plus "|budget%" for the views of one plan. Before every paint (each animation frame, and
 // at once on any change to the page) it compares them with the controls as shown, and while
 // any view differs it shows the one busy bar (body[data-busy]) and dims the views, so no
@@ -59,7 +60,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     const method = shown("method");
     const where = checked("#costs input[value=measured]") ? "here" : shown("device");
     const ctx = [shown("model"), where, labels[method] || method,
-      checked("#offload-switch input[value=on]") ? "on" : "off"].join("|");
+      (checked("#offload-switch input[value=on]") ? "on" : "off") +
+      ["optimizer", "chunked"].filter((o) => checked("#step-switches input[value=" + o + "]"))
+        .map((o) => "+" + o).join("")].join("|");
     const slider = document.querySelector("#budget [role=slider]");
     const now = slider && slider.getAttribute("aria-valuenow");
     const devices = document.querySelector("#devices-n input:checked");
@@ -76,7 +79,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
   const NAMES = {intro: "the introduction", "graph-card": "the block graph",
     numbers: "the numbers", "step-why": "the step", tradeoff: "the trade-off curves",
     timeline: "the timeline", tensors: "the tensor view", arena: "the arena",
-    transfers: "the transfer lane", fit: "the footprint",
+    transfers: "the transfer lane", fit: "the footprint", "batch-fig": "memory against batch",
     "compare-a": "plan A", "compare-b": "plan B", "parallel-card": "the layouts over devices"};
   function check() {
     const want = controls();

@@ -10,6 +10,7 @@ from dash import Dash
 
 from app.callbacks import (
     analysis,
+    batch,
     budget,
     compare,
     export,
@@ -40,6 +41,7 @@ def register(app: Dash, studio: Studio) -> None:
         export,
         fresh,
         fit,
+        batch,
         lesson,
         compare,
         parallel,

@@ -4,7 +4,7 @@ the trade-off chart (with the remat+offload curve when the offload switch is on)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dash import Dash, Input, Output, State, html, no_update, set_props
 from dash.exceptions import PreventUpdate
@@ -15,7 +15,7 @@ from app.cache import Cancelled
 from app.callbacks.common import block_graph, context_sig, fmt, plain_error, stamp
 from app.explain import link_text
 from app.readback import percent, slider_minimum
-from app.state import BASELINES, METHOD_LABELS, Studio
+from app.state import BASELINES, METHOD_LABELS, STEP_OPTIONS, Studio, base_key
 from app.words import intro
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.DEVICE, "value"),
         Input(ids.METHOD, "value"),
         Input(ids.OFFLOAD, "value"),
+        Input(ids.STEP_OPTS, "value"),
         State(ids.BUDGET, "value"),
         State(ids.CONTEXT, "data"),
         State(ids.LESSON_PENDING, "data"),
@@ -42,23 +43,32 @@ def register(app: Dash, studio: Studio) -> None:
         cancel=[Input(ids.CANCEL, "n_clicks")],
         interval=250,
     )
-    def prepare(set_progress, model, costs, device, method, offload, value, shown, lesson):
+    def prepare(set_progress, model, costs, device, method, offload, step, value, shown, lesson):
         """Analyse the model (trace, costs, blocks), the method's and the baselines'
         trade-offs and the plan at the budget to show, in the background; with the offload
         switch on, the remat+offload curve too. Everything the page draws next is cached."""
         keep = value if shown and shown.get("model") == model else None
-        sig = context_sig(model, costs, device, method, bool(offload))
+        step = list(step or ())
+        sig = context_sig(model, costs, device, method, bool(offload), step)
         # a lesson step's budget, for the analysis it set up
         set_to = float(lesson["pct"]) if lesson and lesson.get("for") == sig else None
         try:
             return analyse(
-                studio, set_progress, model, costs, device, method, bool(offload), keep, set_to
+                studio,
+                set_progress,
+                model,
+                costs,
+                device,
+                method,
+                bool(offload),
+                keep,
+                set_to,
+                step,
             )
         except Cancelled:
             raise PreventUpdate from None
         except Exception as err:  # shown in the page; the app stays up
             log.exception("analysing %s (%s, %s) failed", model, costs, device)
-            sig = context_sig(model, costs, device, method, bool(offload))
             return {
                 "key": None,
                 "model": model,
@@ -175,12 +185,13 @@ def analyse(
     offload: bool,
     value: float | None = None,
     set_to: float | None = None,
+    step: Sequence[str] = (),
 ) -> dict:
     """The CONTEXT store's data: the analysed problem's key, the methods on offer, the
     budget limits, the budget to show (`set_to` clamped to the range, else `value` when in
     range) and the intro's numbers; every
     curve and the plan drawn next computed here, under the progress bar."""
-    key = studio.key(model, costs, device)
+    key = studio.key(model, costs, device, step)
 
     def bar(start: int, end: int, text: str) -> Callable[[float], None]:
         return lambda frac: set_progress([str(int(start + (end - start) * frac)), text])
@@ -219,7 +230,8 @@ def analyse(
         "min_text": f"{lo:g}% ({fmt(minimum)})",
         "numbers": intro_numbers(studio, key, problem, methods),
         "value": start,
-        "for": context_sig(model, costs, device, method, offload),
+        "step": [o for o in STEP_OPTIONS if o in step],
+        "for": context_sig(model, costs, device, method, offload, step),
         "error": None,
     }
 
@@ -232,6 +244,12 @@ def intro_numbers(studio: Studio, key: str, problem, methods: list[str]) -> dict
         "cost_model": problem.cost_model,
         "n_blocks": len(problem.blocks),
     }
+    if key != base_key(key):  # a step switch is on: the plain step's peak beside it
+        plain = studio.problem(base_key(key))
+        numbers["plain_step_peak"] = plain.store_all_peak
+        numbers["plain_floor"] = plain.floor.nbytes
+        numbers["floor"] = problem.floor.nbytes
+        numbers["updates"] = sum(1 for op in problem.graph.ops if op.update)
     if "checkpoint_blocks" in methods:
         ck = studio.tradeoff(key, "checkpoint_blocks")
         if ck:

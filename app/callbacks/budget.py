@@ -134,6 +134,7 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         [b.name for b in problem.blocks],
         unit=figures.pick_unit(peak),
         host=sim.host,
+        updates=update_steps(problem, plan.timeline),
     )
     fig["layout"]["meta"]["budget_pct"] = value
     stamp(fig, sig)
@@ -159,3 +160,9 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "step": None if step is not None else no_update,
         "hint": peak_hint(plan.timeline),
     }
+
+
+def update_steps(problem, steps) -> list[int]:
+    """The timeline's steps that run an optimizer's update (`Op.update`)."""
+    ops = problem.graph.ops
+    return [i for i, s in enumerate(steps) if s.kind == "run" and ops[s.target].update]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from dash.exceptions import PreventUpdate
 
 import core
 from app import figures
-from app.state import Studio
+from app.state import STEP_OPTIONS, Studio
 from core.errors import fmt_bytes
 from core.naming import block_title, op_name
 
@@ -64,10 +65,14 @@ def fmt(n: float) -> str:
 # bar while any differs, so no frame shows content under controls it was not drawn for.
 
 
-def context_sig(model: str, costs: str, device: str, method: str, offload: bool) -> str:
-    """The controls a model's analysis is for: model|device (or "here")|method|on/off."""
+def context_sig(
+    model: str, costs: str, device: str, method: str, offload: bool, step: Sequence[str] = ()
+) -> str:
+    """The controls a model's analysis is for: model|device (or "here")|method|on/off, the
+    step switches appended to the last ("off+optimizer+chunked")."""
     where = "here" if costs == "measured" else device
-    return "|".join((model, where, method, "on" if offload else "off"))
+    switches = "".join(f"+{o}" for o in STEP_OPTIONS if o in step)
+    return "|".join((model, where, method, ("on" if offload else "off") + switches))
 
 
 def plan_sig(context_for: str, value: float) -> str:

@@ -14,18 +14,19 @@ from app import ids
 # the budget. Cancel writes them back into the controls; with nothing shown yet, it says so.
 CANCEL_JS = """function (clicks, context, plan) {
   const nu = window.dash_clientside.no_update;
-  if (!clicks) { return [nu, nu, nu, nu, nu, nu, nu, nu, nu]; }
+  if (!clicks) { return [nu, nu, nu, nu, nu, nu, nu, nu, nu, nu]; }
   if (!context || !context.for) {
-    return [nu, nu, nu, nu, nu, nu,
+    return [nu, nu, nu, nu, nu, nu, nu,
       "Cancelled. Nothing was shown yet: choose a model to analyse it.", false, ""];
   }
-  const [model, where, method, offload] = context.for.split("|");
+  const [model, where, method, switches] = context.for.split("|");
+  const [offload, ...step] = switches.split("+");
   const costs = where === "here" ? "measured" : "estimated";
   const device = where === "here" ? nu : where;
   const budget = plan && plan.for ? Number(plan.for.split("|")[4]) : nu;
   const said = [model, where === "here" ? "measured here" : where, method,
     offload === "on" ? "with offloading" : "without offloading"];
-  return [model, costs, device, method, offload === "on" ? ["on"] : [], budget,
+  return [model, costs, device, method, offload === "on" ? ["on"] : [], step, budget,
     "Cancelled: the controls are back to what the page shows (" + said.join(", ") +
     (budget === nu ? "" : ", budget " + budget + "%") + ").", false, context.for];
 }"""
@@ -45,6 +46,7 @@ def register(app: Dash, studio: object) -> None:
         Output(ids.DEVICE, "value"),
         Output(ids.METHOD, "value"),
         Output(ids.OFFLOAD, "value"),
+        Output(ids.STEP_OPTS, "value"),
         Output(ids.BUDGET, "value", allow_duplicate=True),
         Output(ids.CANCEL_NOTE, "children"),
         Output(ids.CANCEL_NOTE, "hidden"),

@@ -42,6 +42,7 @@ BUDGET_COLOR = "#222222"
 PEAK_COLOR = "#b279a2"
 MARKER_COLOR = "#d4a000"  # the step-through position, in the timeline and the graph
 HOST_COLOR = "#b279a2"
+UPDATE_COLOR = "#2a9d8f"  # an optimizer's update inside the step
 MEASURED_COLOR = "#111111"
 ARENA_COLOR = "#222222"
 

@@ -32,6 +32,7 @@ from app.figures.palette import (
     PEAK_COLOR,
     RECOMPUTE_COLOR,
     TRANSFER_COLORS,
+    UPDATE_COLOR,
 )
 from core.errors import fmt_bytes
 
@@ -49,13 +50,15 @@ def timeline_figure(
     max_points: int = MAX_POINTS,
     marker: int | None = None,
     host: Sequence[int] = (),
+    updates: Sequence[int] = (),
 ) -> dict:
     """Live bytes per program step stacked by kind, phases shaded, recomputes, budget, peak.
 
     `steps` are `core.schedule.Step`-like records (index, kind, name, label, phase, block,
     recompute, activations, temporaries, gradients). Offload and prefetch steps are marked;
     `host`: bytes parked in host memory after each step (an offloading plan's), drawn as a
-    line of its own, not in the stack.
+    line of its own, not in the stack. `updates`: the steps that run an optimizer's update
+    (the optimizer in the step), marked.
     """
     n = len(steps)
     total = [s.activations + s.temporaries + s.gradients for s in steps]
@@ -83,6 +86,8 @@ def timeline_figure(
         traces.append(_copies_trace(steps, copies, total, size))
     if any(host):
         traces.append(_host_trace(host, keep, name, size))
+    if updates:
+        traces.append(_updates_trace(thin(list(updates), max_points), total, size))
     return {"data": traces, "layout": _layout(backward_start, n, name, size)}
 
 
@@ -167,6 +172,19 @@ def _copies_trace(steps: Sequence[Any], copies: list[int], total: list[int], siz
         },
         "hoverinfo": "skip",
         "meta": "copies",
+    }
+
+
+def _updates_trace(updates: list[int], total: list[int], size: float) -> dict:
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": "optimizer update (AdamW)",
+        "x": [step_x(i) for i in updates],
+        "y": [round(total[i] / size, 4) for i in updates],
+        "marker": {"symbol": "diamond", "size": 6, "color": UPDATE_COLOR},
+        "hoverinfo": "skip",
+        "meta": "updates",
     }
 
 

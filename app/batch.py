@@ -1,0 +1,97 @@
+"""Memory against batch size: the whole training footprint (parameters, AdamW's state, the
+batch, the step's peak) of plain PyTorch and of the method on screen at the same budget
+fraction, per batch size, against the device preset's memory (`core.fit`'s probes, which
+trace each batch on fake tensors, and `core.solve`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import core
+from app.figures.axes import legend_below
+from app.figures.palette import BACKGROUND, BUDGET_COLOR, METHOD_COLORS
+from core.errors import fmt_bytes
+from core.fit import _Probe
+from core.footprint import optimizer_bytes
+from core.trace.model_call import ModelCall
+
+BATCHES = (1, 2, 4, 8, 16)  # each one a trace and a solve: seconds on the tiny models
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch: int
+    fixed: int  # parameters and buffers, AdamW's state, the batch
+    eager: int  # fixed + plain PyTorch's peak
+    ours: int | None  # fixed + the plan's peak at the same fraction; None: infeasible
+    overhead: float | None
+
+
+def batch_rows(
+    call: ModelCall, device: str, method: str, fraction: float, batches=BATCHES
+) -> list[BatchRow]:
+    """Each batch size's footprint, eager and `method` at `fraction` of that batch's
+    store-all peak (the budget slider's meaning)."""
+    probe = _Probe(call, None, device)
+    rows = []
+    for b in batches:
+        problem = probe.problem(b)
+        fixed = problem.param_bytes + optimizer_bytes(problem, "adamw") + problem.input_bytes
+        try:
+            plan = core.solve(problem, int(fraction * problem.store_all_peak), method)
+            ours, over = fixed + plan.predicted_peak, plan.overhead
+        except core.InfeasibleBudget:
+            ours, over = None, None
+        rows.append(BatchRow(b, fixed, fixed + problem.store_all_peak, ours, over))
+    return rows
+
+
+def batch_figure(rows: list[BatchRow], capacity: int, label: str, device_words: str) -> dict:
+    """Lines of eager's and `label`'s footprint against batch size, and the capacity line."""
+    biggest = max([r.eager for r in rows] + [capacity])
+    size, unit = (GIB, "GiB") if biggest >= GIB // 4 else (1 << 20, "MiB")
+    xs = [r.batch for r in rows]
+
+    def line(name: str, ys: list, color: str, dash: str = "solid") -> dict:
+        return {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": name,
+            "x": xs,
+            "y": [None if y is None else round(y / size, 4) for y in ys],
+            "line": {"color": color, "dash": dash},
+            "customdata": ["–" if y is None else fmt_bytes(y) for y in ys],
+            "hovertemplate": f"{name}, batch %{{x}}: %{{customdata}}<extra></extra>",
+        }
+
+    traces = [
+        line("parameters + AdamW state + batch", [r.fixed for r in rows], "#9a9a9a", "dot"),
+        line("plain PyTorch (eager)", [r.eager for r in rows], METHOD_COLORS["store_all"]),
+        line(label, [r.ours for r in rows], METHOD_COLORS.get("rockmate", "#4c78a8")),
+    ]
+    return {
+        "data": traces,
+        "layout": {
+            "height": 260,
+            "margin": {"l": 60, "r": 10, "t": 28, "b": 90},
+            "title": {"text": f"{device_words}: {fmt_bytes(capacity)}", "font": {"size": 12}},
+            "xaxis": {"title": {"text": "batch size"}, "type": "log", "tickvals": xs},
+            "yaxis": {"title": {"text": f"training memory ({unit})"}, "rangemode": "tozero"},
+            "shapes": [
+                {
+                    "type": "line",
+                    "xref": "paper",
+                    "yref": "y",
+                    "x0": 0,
+                    "x1": 1,
+                    "y0": capacity / size,
+                    "y1": capacity / size,
+                    "line": {"color": BUDGET_COLOR, "width": 2, "dash": "dash"},
+                }
+            ],
+            "legend": legend_below(),
+            "plot_bgcolor": BACKGROUND,
+            "meta": {"capacity": capacity, "unit": unit},
+        },
+    }

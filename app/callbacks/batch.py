@@ -1,0 +1,73 @@
+"""Memory against batch size (`app.batch`), for the plan on screen: each batch size is traced
+and solved again (seconds), so it runs as a background job; the figure carries the plan's
+signature (layout.meta.for), so the page's watcher shows the busy bar until it matches."""
+
+from __future__ import annotations
+
+import logging
+
+from dash import Dash, Input, Output
+from dash.exceptions import PreventUpdate
+
+from app import ids
+from app.batch import BATCHES, batch_figure, batch_rows
+from app.cache import Cancelled, check_cancelled
+from app.callbacks.common import plain_error, stamp
+from app.callbacks.fit import device_words
+from app.state import METHOD_LABELS, PARALLEL_MAX_OPS, Studio
+from core.footprint import device_memory
+
+log = logging.getLogger(__name__)
+
+
+def register(app: Dash, studio: Studio) -> None:
+    @app.callback(
+        Output(ids.BATCH_FIG, "figure"),
+        Output(ids.BATCH_TEXT, "children"),
+        Input(ids.PLAN, "data"),
+        background=True,
+        cancel=[Input(ids.CANCEL, "n_clicks")],
+        interval=250,
+        prevent_initial_call=True,
+    )
+    def draw_batch(plan_ref):
+        if not plan_ref or not plan_ref.get("key"):
+            raise PreventUpdate
+        try:
+            return batch_view(studio, plan_ref)
+        except Cancelled:
+            raise PreventUpdate from None
+        except Exception as err:  # shown under the chart; the page stays up
+            log.exception("memory against batch size of %s failed", plan_ref["key"])
+            return stamp({"data": [], "layout": {"height": 60}}, plan_ref["for"]), plain_error(err)
+
+
+def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
+    """The chart and its note for the plan on screen (cached per key, method, budget %)."""
+    key, sig = plan_ref["key"], plan_ref["for"]
+    problem = studio.problem(key)
+    if len(problem.graph.ops) > PARALLEL_MAX_OPS:
+        note = (
+            f"Shown for small models only (up to {PARALLEL_MAX_OPS} ops; this one has "
+            f"{len(problem.graph.ops)}): each batch size is traced and planned again, which "
+            "takes minutes here. `remat fit MODEL --memory 24GiB` answers it from the shell."
+        )
+        return stamp({"data": [], "layout": {"height": 60}}, sig), note
+    model, _, device = key.split("|")[:3]
+    preset = "cpu" if device == "here" else device
+    method = plan_ref["method"]
+    fraction = plan_ref["budget"] / problem.store_all_peak
+
+    def make():
+        check_cancelled()
+        return batch_rows(studio.builders[model](), preset, method, fraction)
+
+    rows = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
+    label = f"{METHOD_LABELS.get(method, method)} at {100 * fraction:.0f}%"
+    fig = batch_figure(rows, device_memory(preset), label, device_words(device))
+    note = (
+        f"Batch sizes {', '.join(map(str, BATCHES))}, each traced and planned at "
+        f"{100 * fraction:.0f}% of its own plain peak; AdamW's two moments counted. A gap: "
+        "no plan at that budget."
+    )
+    return stamp(fig, sig), note

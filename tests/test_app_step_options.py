@@ -1,0 +1,60 @@
+"""The page's step switches and memory against batch size: the optimizer in the step marked on
+the timeline and said in the intro, the chunked head's floor, and the batch chart."""
+
+from __future__ import annotations
+
+import pytest
+
+import core
+from app.batch import batch_figure, batch_rows
+from app.callbacks.analysis import intro_numbers
+from app.callbacks.budget import update_steps
+from app.callbacks.common import context_sig
+from app.figures import timeline_figure
+from app.state import Studio, base_key
+from app.words import intro
+from core.footprint import CAPACITY
+
+
+@pytest.fixture(scope="module")
+def studio():
+    return Studio()
+
+
+def test_optimizer_in_the_step_marks_its_updates_and_the_intro_says_what_it_saves(studio):
+    key = studio.key("gpt-tiny", "estimated", "cpu", ["optimizer"])
+    assert key == "gpt-tiny|estimated|cpu|optimizer" and base_key(key) == "gpt-tiny|estimated|cpu"
+    assert context_sig("gpt-tiny", "estimated", "cpu", "rockmate", False, ["optimizer"]).endswith(
+        "|off+optimizer"
+    )
+    problem = studio.problem(key)
+    plan = core.solve(problem, problem.store_all_peak, "store_all")
+    updates = update_steps(problem, plan.timeline)
+    assert updates and all(problem.graph.ops[plan.timeline[i].target].update for i in updates)
+    fig = timeline_figure(plan.timeline, plan.backward_start, plan.budget, updates=updates)
+    marked = [t for t in fig["data"] if t.get("meta") == "updates"]
+    assert len(marked) == 1 and len(marked[0]["x"]) == len(updates)
+    numbers = intro_numbers(studio, key, problem, studio.methods(problem))
+    plain = studio.problem(base_key(key)).store_all_peak
+    assert numbers["plain_step_peak"] == plain >= problem.store_all_peak
+    assert numbers["updates"] == sum(1 for op in problem.graph.ops if op.update) > 0
+    words = str(intro("gpt-tiny", "tiny", numbers))
+    assert "saved" in words and "optimizer.step()" in words
+
+
+def test_chunked_loss_head_reaches_the_analysis_and_its_refusal_is_clear(studio):
+    # gpt-tiny's loss is not an LM head at the model's top level: the switch reaches
+    # core.analyze, which refuses by name (the page shows the message)
+    with pytest.raises(core.UnsupportedModel, match="loss_head='chunked'"):
+        studio.problem(studio.key("gpt-tiny", "estimated", "cpu", ["chunked"]))
+
+
+def test_memory_against_batch_grows_and_draws_the_device_capacity(studio):
+    call = studio.builders["gpt-tiny"]()
+    rows = batch_rows(call, "v100", "rockmate", 0.6, batches=(1, 2, 4))
+    eager = [r.eager for r in rows]
+    assert eager == sorted(eager) and eager[0] < eager[-1]
+    assert all(r.ours is None or r.fixed < r.ours < r.eager for r in rows)
+    fig = batch_figure(rows, CAPACITY["v100"], "Rockmate at 60%", "a V100's memory")
+    assert fig["layout"]["shapes"][0]["y0"] == 32  # GiB
+    assert [t["x"] for t in fig["data"]][1] == [1, 2, 4]
