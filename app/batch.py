@@ -11,7 +11,7 @@ import core
 from app.figures.axes import legend_below
 from app.figures.palette import BACKGROUND, BUDGET_COLOR, METHOD_COLORS
 from core.errors import fmt_bytes
-from core.fit import _Probe
+from core.fit import BatchProblems
 from core.footprint import optimizer_bytes
 from core.trace.model_call import ModelCall
 
@@ -33,7 +33,7 @@ def batch_rows(
 ) -> list[BatchRow]:
     """Each batch size's footprint, eager and `method` at `fraction` of that batch's
     store-all peak (the budget slider's meaning)."""
-    probe = _Probe(call, None, device)
+    probe = BatchProblems(call, None, device)
     rows = []
     for b in batches:
         problem = probe.problem(b)

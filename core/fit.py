@@ -75,8 +75,9 @@ class FitReport:
     guesses: dict[str, int] = field(default_factory=dict)  # strategy -> predicted batch
 
 
-class _Probe:
-    """Problems per batch size, traced once each."""
+class BatchProblems:
+    """One call's problems per batch size (inputs resized on fake tensors), traced once each:
+    what `Fitter` searches over, and the app's memory-against-batch chart."""
 
     def __init__(self, call: ModelCall, seq: int | None, device: str) -> None:
         self.call, self.device = call, device
@@ -128,7 +129,7 @@ class Fitter:
         if seq is not None and seq <= 0:
             raise FitError(f"the sequence length must be a positive integer, not {seq}")
         self.optimizer, self.device, self.max_batch = optimizer, device, max_batch
-        self._probe = _Probe(call, seq, device)
+        self._probe = BatchProblems(call, seq, device)
 
     @property
     def seconds(self) -> dict[int, float]:
