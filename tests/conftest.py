@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from helpers import serve_in_thread
 from torch import nn
 
 import core
+from app.server import create_app
 from bench.app import CHROMIUM_ARGS
 from core.problem import Problem
 from sample_models import build
@@ -92,6 +94,15 @@ def analysed() -> Callable[..., Analysed]:
         return done[name, device]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """The app served in a thread for a module's browser tests (a module may define its own,
+    e.g. with extra models)."""
+    address, server = serve_in_thread(create_app())
+    yield address
+    server.shutdown()
 
 
 def chromium_path() -> str | None:

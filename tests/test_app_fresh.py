@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
-from app.server import create_app
 from app.state import METHOD_LABELS
 from bench.app import choose, wait_ready
 
@@ -57,14 +55,6 @@ SAMPLER = """(labels) => {
 SETTLED = """(want) => !document.body.hasAttribute('data-busy')
   && document.querySelector('#model-value').textContent === want.model
   && document.querySelector('#device-value').textContent === want.device"""
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app()
-    address, server = serve_in_thread(app)
-    yield address
-    server.shutdown()
 
 
 def settle(page, model: str, device: str) -> None:

@@ -7,10 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
-from app.server import create_app
 from bench.app import wait_ready
 
 pytestmark = pytest.mark.browser
@@ -26,14 +24,6 @@ STEPS = [
     ("4/5 · Offload", "Rockmate (block ILPs + chain DP)", True, "with offloading the curve"),
     ("5/5 · The floor", "Rockmate (block ILPs + chain DP)", True, "that is the floor"),
 ]
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app()
-    address, server = serve_in_thread(app)
-    yield address
-    server.shutdown()
 
 
 def settled(page, title: str, method: str, offload: bool) -> None:

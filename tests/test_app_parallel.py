@@ -7,11 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
 from app.callbacks import parallel as card
-from app.server import create_app
 from app.state import Studio
 from bench.app import wait_ready
 
@@ -44,14 +42,6 @@ def test_a_model_too_large_to_re_trace_gets_a_note_not_a_wait(studio, monkeypatc
     fig, words = card.parallel_view(studio, key, 4)
     assert fig["data"] == [] and "small models only" in str(words)
     assert ("parallel", key, 4) not in studio.derived.keys()
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app()
-    address, server = serve_in_thread(app)
-    yield address
-    server.shutdown()
 
 
 @pytest.mark.browser

@@ -5,11 +5,9 @@ title. Bounding boxes measured in a real Chromium."""
 from __future__ import annotations
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
 from app.figures import T_MARKER
-from app.server import create_app
 from bench.app import choose, wait_ready
 
 pytestmark = pytest.mark.browser
@@ -35,14 +33,6 @@ LABELS = """() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(g =>
   return [...g.querySelectorAll('.legend .bg')].map(e => ({id, kind: 'legend', ...box(e)}))
     .concat([...g.querySelectorAll('.xtitle, .ytitle')].map(e => ({id, kind: 'title', ...box(e)})));
 })"""
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app()
-    address, server = serve_in_thread(app)
-    yield address
-    server.shutdown()
 
 
 def inside(box: dict, width: int, height: int) -> bool:

@@ -4,21 +4,11 @@ device menu is off when op times are measured here, and a model with little to s
 from __future__ import annotations
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
-from app.server import create_app
 from bench.app import choose, wait_ready
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app()
-    address, server = serve_in_thread(app)
-    yield address
-    server.shutdown()
 
 
 def test_glossary_measured_here_and_a_model_with_little_to_show(page, url):
