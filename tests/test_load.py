@@ -18,6 +18,7 @@ from helpers import serve_in_thread
 
 from app import ids
 from app.cache import PLANS, PROBLEMS
+from app.callbacks.common import context_sig
 from app.server import create_app
 
 CLIENTS, CHANGES = 20, 25
@@ -34,6 +35,7 @@ OUTPUTS = [
     (ids.PLAN_ERROR, "hidden"),
     (ids.STEP, "data"),
     (ids.BUDGET_HINT, "children"),
+    (ids.NUMBERS, "data-for"),
 ]
 
 
@@ -72,7 +74,8 @@ def test_twenty_clients_changing_budgets():
         method = studio.default_method()
         minimum = studio.minimum(key, method)
         peak = problem.store_all_peak
-        context = {"key": key, "method": method, "peak": peak}
+        signature = context_sig("gpt-tiny", "estimated", "cpu", method, offload=False)
+        context = {"key": key, "method": method, "peak": peak, "for": signature}
         low = 100 * minimum / peak
         _budget_request(url, context, 100)  # warm up
         rss_before = psutil.Process().memory_info().rss
