@@ -5,6 +5,7 @@ import json
 import plotly.graph_objects as go
 
 from app.arena import arena_figure
+from app.figures.axes import step_x
 from core.layout import arena
 from core.schedule import store_all_plan
 
@@ -26,7 +27,8 @@ def test_arena_figure_draws_each_storage_at_its_offset_and_names_its_op_and_modu
         ):
             assert abs((y - width / 2) * scale - offset) <= scale * 1e-6
             assert abs(width * scale - size) <= scale * 1e-6
-            drawn.add((value, round(base + 0.5), round(base + 0.5 + length - 1), offset, size))
+            first = round(base + 0.5 - step_x(0))  # a bar starts half a step before its first
+            drawn.add((value, first, first + length - 1, offset, size))
             assert "made by aten." in text
     want = {(p.value, p.first, p.last, p.offset, p.size) for p in layout.placements}
     assert drawn == want
@@ -37,4 +39,4 @@ def test_arena_figure_draws_each_storage_at_its_offset_and_names_its_op_and_modu
     }
     assert round(lines["arena"]) == layout.size
     assert round(lines["live"]) == layout.live_peak == plan.predicted_peak
-    assert fig["layout"]["shapes"][0]["x0"] == plan.backward_start - 0.5
+    assert fig["layout"]["shapes"][0]["x0"] == step_x(plan.backward_start) - 0.5
