@@ -232,3 +232,48 @@ def test_blocks_merge_where_a_forward_value_would_be_read_across_blocks(monkeypa
     peak, loss, grads = measured_step(model, inputs, run=core.apply_plan(model, plan))
     assert loss == eager_loss and peak == plan.predicted_peak + 4
     assert all(torch.equal(grads[k], v) for k, v in eager_grads.items())
+
+
+def test_a_trace_in_one_thread_leaves_other_threads_checkpoints_real():
+    """The app traces in background threads while others run real steps: inlining the
+    model's checkpoints is this thread's alone, and overlapping traces leave torch's own
+    checkpoint in place when they end (the swap once raced: torch's checkpoint stayed a
+    no-op for the rest of the process)."""
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    from core.trace.capture import _checkpoints_inlined
+
+    def forward_runs() -> int:
+        runs = []
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            runs.append(1)
+            return x.sin().sin()
+
+        x = torch.randn(4, requires_grad=True)
+        checkpoint(fn, x, use_reentrant=False).sum().backward()
+        return len(runs)  # 2 when checkpoint recomputes, 1 when inlined
+
+    gates = [threading.Event() for _ in range(4)]
+
+    def trace(entered: threading.Event, leave: threading.Event) -> None:
+        with _checkpoints_inlined():
+            entered.set()
+            leave.wait(10)
+
+    a = threading.Thread(target=trace, args=(gates[0], gates[1]))
+    b = threading.Thread(target=trace, args=(gates[2], gates[3]))
+    a.start()
+    gates[0].wait(10)
+    b.start()
+    gates[2].wait(10)
+    assert forward_runs() == 2  # while two other threads trace
+    gates[1].set()
+    a.join()
+    gates[3].set()
+    b.join()
+    assert forward_runs() == 2
+    with _checkpoints_inlined():
+        assert forward_runs() == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -68,21 +69,37 @@ def capture(
 
 @contextlib.contextmanager
 def _checkpoints_inlined() -> Iterator[None]:
-    """Run `torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False)` as `fn(...)`:
-    its forward logic (saved-tensor hooks that drop and recompute activations, with fresh
-    random draws under fake tensors) lives in a private generator, swapped for one that does
-    nothing while the step is traced. transformers' `gradient_checkpointing_enable()` binds
-    `checkpoint` itself, so patching that name would miss it."""
-    saved = checkpoint._checkpoint_without_reentrant_generator
-
-    def plain(*args: Any, **kwargs: Any) -> Iterator[None]:
-        yield
-
-    checkpoint._checkpoint_without_reentrant_generator = plain
+    """Run `torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False)` as `fn(...)` in
+    this thread: its forward logic (saved-tensor hooks that drop and recompute activations,
+    with fresh random draws under fake tensors) lives in a private generator, replaced once by
+    one that does nothing while this thread traces a step and runs torch's own otherwise.
+    Per thread, since the app traces in background threads while other threads run real
+    checkpoints; transformers' `gradient_checkpointing_enable()` binds `checkpoint` itself,
+    so patching that name would miss it."""
+    with _INLINE_LOCK:
+        if checkpoint._checkpoint_without_reentrant_generator is not _inlinable:
+            global _torch_generator
+            _torch_generator = checkpoint._checkpoint_without_reentrant_generator
+            checkpoint._checkpoint_without_reentrant_generator = _inlinable
+    was = getattr(_INLINING, "on", False)
+    _INLINING.on = True
     try:
         yield
     finally:
-        checkpoint._checkpoint_without_reentrant_generator = saved
+        _INLINING.on = was
+
+
+_INLINE_LOCK = threading.Lock()
+_INLINING = threading.local()  # .on: this thread is tracing a step
+_torch_generator: Callable[..., Iterator[None]] = checkpoint._checkpoint_without_reentrant_generator
+
+
+def _inlinable(*args: Any, **kwargs: Any) -> Iterator[None]:
+    """torch's non-reentrant checkpoint generator, or nothing while this thread traces."""
+    if getattr(_INLINING, "on", False):
+        yield
+    else:
+        yield from _torch_generator(*args, **kwargs)
 
 
 @contextlib.contextmanager
