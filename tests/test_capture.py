@@ -277,3 +277,29 @@ def test_a_trace_in_one_thread_leaves_other_threads_checkpoints_real():
     assert forward_runs() == 2
     with _checkpoints_inlined():
         assert forward_runs() == 1
+
+
+def test_threads_analysing_at_once_each_get_their_trace():
+    """make_fx keeps its patcher in a module global: the app's background jobs trace in
+    threads, and two traces at once failed with "CURRENT_PATCHER is None"."""
+    import threading
+
+    import core
+    from sample_models import build
+
+    failures: list[BaseException] = []
+
+    def analyse(name: str) -> None:
+        try:
+            for _ in range(3):
+                model, inputs = build(name)
+                core.analyze(model, inputs)
+        except BaseException as e:  # reported below, in the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=analyse, args=(n,)) for n in ("mlp-tiny", "resnet-tiny")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []

@@ -62,7 +62,7 @@ def capture(
     (core.optimizer_step), each parameter it updates is updated inside the backward, right
     where its gradient is complete, and its gradient is not returned."""
     head = head if head is not None else LossHeadMode()
-    with _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
+    with _TRACING, _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
         trace = _capture(model, args, kwargs, loss_fn, targets, head, optimizer)
     return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
 
@@ -90,6 +90,10 @@ def _checkpoints_inlined() -> Iterator[None]:
 
 
 _INLINE_LOCK = threading.Lock()
+# one trace at a time in a process: make_fx keeps its patcher in a module global
+# (torch.fx._symbolic_trace's CURRENT_PATCHER), so two threads tracing at once (the app's
+# background jobs) break each other
+_TRACING = threading.RLock()
 _INLINING = threading.local()  # .on: this thread is tracing a step
 _torch_generator: Callable[..., Iterator[None]] = checkpoint._checkpoint_without_reentrant_generator
 
