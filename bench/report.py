@@ -109,8 +109,8 @@ def headlines(rows: Sequence[Row], method: str = "rockmate") -> list[str]:
     strategies reaching the same peak or lower; the smallest peak at <= 1.20x eager time."""
     out = []
     for model, group in by_model(rows).items():
-        # the interpreter's rows: native ones hold the interpreter's prediction for now
-        planned = [r for r in group if r.ok and r.key.startswith("ours:")]
+        # the rows whose peak the storage tracker measures: the interpreter's and native's
+        planned = [r for r in group if r.ok and r.key.startswith(("ours:", "native:"))]
         if planned:
             worst = max(planned, key=lambda r: abs(r.peak - r.predicted_peak))
             gap = worst.peak - worst.predicted_peak

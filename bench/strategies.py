@@ -20,6 +20,7 @@ from core.errors import InvalidPlan, fmt_bytes
 from core.frontier import minimum_budget
 from core.memory import host_copy
 from core.plan import Plan
+from core.runtime.native import native_handle
 from core.solvers import available_methods
 
 # fractions of problem.store_all_peak, plus the minimum feasible; 25% is the goal's point
@@ -359,6 +360,9 @@ def _native_strategies(
         log(f"ours {method} at {first}: no native row ({str(e).split(':')[0]})")
         return []
     budget = ", ".join(labels)
+    handle = native_handle(native)
+    assert handle is not None
+    predicted = handle.prediction
     rows = [
         Strategy(
             f"native:{method}@{first}",
@@ -366,9 +370,9 @@ def _native_strategies(
             "ours",
             budget,
             _eager_step(native),
-            predicted_peak=plan.predicted_peak,
-            predicted_overhead=plan.overhead,
-            note="predicted: the interpreter's plan",
+            predicted_peak=predicted.peak,
+            predicted_overhead=predicted.overhead,
+            note="predicted: the native simulation",
         )
     ]
     if backend is None:
