@@ -30,13 +30,21 @@ class BatchRow:
 
 def batch_rows(
     call: ModelCall, device: str, method: str, fraction: float, batches=BATCHES
-) -> list[BatchRow]:
+) -> tuple[list[BatchRow], list[tuple[int, str]]]:
     """Each batch size's footprint, eager and `method` at `fraction` of that batch's
-    store-all peak (the budget slider's meaning)."""
+    store-all peak (the budget slider's meaning), and the batch sizes whose step does not
+    trace, with why (batch-norm in training needs two samples: a batch of 1 is refused).
+    Raises the first refusal when no batch size traces."""
     probe = BatchProblems(call, None, device)
-    rows = []
+    rows, refused = [], []
     for b in batches:
-        problem = probe.problem(b)
+        try:
+            problem = probe.problem(b)
+        except core.UnsupportedModel as e:
+            refused.append((b, str(e).split(": check that")[0]))
+            if len(refused) == len(batches):
+                raise
+            continue
         fixed = problem.param_bytes + optimizer_bytes(problem, "adamw") + problem.input_bytes
         try:
             plan = core.solve(problem, int(fraction * problem.store_all_peak), method)
@@ -44,7 +52,7 @@ def batch_rows(
         except core.InfeasibleBudget:
             ours, over = None, None
         rows.append(BatchRow(b, fixed, fixed + problem.store_all_peak, ours, over))
-    return rows
+    return rows, refused
 
 
 def batch_figure(rows: list[BatchRow], capacity: int, label: str, device_words: str) -> dict:

@@ -11,6 +11,7 @@ from dash import dcc, html
 from app import ids
 from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
+from app.figures.axes import empty_figure
 from app.figures.palette import FATE_COLORS
 from app.panels import compare_card, lesson_card
 from app.parallel_card import parallel_card
@@ -322,7 +323,7 @@ def _plot(id_: str, height: int) -> dcc.Graph:
     return dcc.Graph(
         id=id_,
         className="view plot",  # its figure's layout.meta.for: the controls it was drawn for
-        figure={"data": [], "layout": {"height": height}},
+        figure=empty_figure(height),
         config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
     )
 
@@ -434,7 +435,7 @@ def _tradeoff_card():
         dcc.Graph(
             id=ids.TRADEOFF,
             className="view plot",
-            figure={"data": [], "layout": {"height": 300}},
+            figure=empty_figure(300),
             config={"displaylogo": False, "displayModeBar": False},
         ),
         html.P(id=ids.TRADEOFF_NOTE, className="hint"),

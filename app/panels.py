@@ -5,6 +5,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from app import ids
+from app.figures.axes import empty_figure
 from app.state import METHOD_LABELS
 
 
@@ -13,7 +14,7 @@ def plot(id_: str, height: int) -> dcc.Graph:
     return dcc.Graph(
         id=id_,
         className="view plot",
-        figure={"data": [], "layout": {"height": height}},
+        figure=empty_figure(height),
         config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from app import ids
+from app.figures.axes import empty_figure
 from app.state import PARALLEL_DEVICES
 
 
@@ -35,7 +36,7 @@ def parallel_card() -> list:
         html.Div(id=ids.PARALLEL_TEXT),
         dcc.Graph(
             id=ids.PARALLEL_FIG,
-            figure={"data": [], "layout": {"height": 60}},
+            figure=empty_figure(60),
             config={"displaylogo": False},
         ),
     ]

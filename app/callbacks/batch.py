@@ -10,10 +10,11 @@ from dash import Dash, Input, Output
 from dash.exceptions import PreventUpdate
 
 from app import ids
-from app.batch import BATCHES, batch_figure, batch_rows
+from app.batch import batch_figure, batch_rows
 from app.cache import Cancelled, check_cancelled
 from app.callbacks.common import plain_error, stamp
 from app.callbacks.fit import device_words
+from app.figures.axes import empty_figure
 from app.state import METHOD_LABELS, PARALLEL_MAX_OPS, Studio
 from core.footprint import device_memory
 
@@ -39,7 +40,7 @@ def register(app: Dash, studio: Studio) -> None:
             raise PreventUpdate from None
         except Exception as err:  # shown under the chart; the page stays up
             log.exception("memory against batch size of %s failed", plan_ref["key"])
-            return stamp({"data": [], "layout": {"height": 60}}, plan_ref["for"]), plain_error(err)
+            return stamp(empty_figure(60), plan_ref["for"]), plain_error(err)
 
 
 def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
@@ -52,7 +53,7 @@ def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
             f"{len(problem.graph.ops)}): each batch size is traced and planned again, which "
             "takes minutes here. `remat fit MODEL --memory 24GiB` answers it from the shell."
         )
-        return stamp({"data": [], "layout": {"height": 60}}, sig), note
+        return stamp(empty_figure(60), sig), note
     model, _, device = key.split("|")[:3]
     preset = "cpu" if device == "here" else device
     method = plan_ref["method"]
@@ -62,12 +63,12 @@ def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
         check_cancelled()
         return batch_rows(studio.builders[model](), preset, method, fraction)
 
-    rows = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
+    rows, refused = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
     label = f"{METHOD_LABELS.get(method, method)} at {100 * fraction:.0f}%"
     fig = batch_figure(rows, device_memory(preset), label, device_words(device))
     note = (
-        f"Batch sizes {', '.join(map(str, BATCHES))}, each traced and planned at "
+        f"Batch sizes {', '.join(str(r.batch) for r in rows)}, each traced and planned at "
         f"{100 * fraction:.0f}% of its own plain peak; AdamW's two moments counted. A gap: "
         "no plan at that budget."
-    )
+    ) + "".join(f" Batch {b} left out: {why}." for b, why in refused)
     return stamp(fig, sig), note

@@ -10,6 +10,7 @@ from dash.exceptions import PreventUpdate
 
 import core
 from app import figures
+from app.figures.axes import empty_figure
 from app.state import STEP_OPTIONS, Studio
 from core.errors import fmt_bytes
 from core.naming import block_title, op_name
@@ -90,9 +91,11 @@ def stamp(fig: dict, sig: str) -> dict:
 
 def blank(sig: str, text: str, height: int = 300) -> dict:
     """An empty figure saying `text`, for controls with nothing to draw (no plan fits)."""
-    note = {"text": text, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5}
-    layout = {"height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False}}
-    return stamp({"data": [], "layout": {**layout, "annotations": [{**note, "y": 0.5}]}}, sig)
+    fig = empty_figure(height)
+    fig["layout"]["annotations"] = [
+        {"text": text, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}
+    ]
+    return stamp(fig, sig)
 
 
 def block_graph(studio: Studio, key: str, expanded: Any = ()) -> list:

@@ -15,16 +15,14 @@ from dash.exceptions import PreventUpdate
 from app import ids
 from app.cache import Cancelled
 from app.callbacks.common import plain_error
+from app.figures.axes import empty_figure
 from app.figures.parallel import parallel_figure
 from app.state import PARALLEL_MAX_OPS, Studio
 from core.errors import fmt_bytes
 
 log = logging.getLogger(__name__)
 
-EMPTY = {
-    "data": [],
-    "layout": {"height": 60, "xaxis": {"visible": False}, "yaxis": {"visible": False}},
-}
+EMPTY = empty_figure(60)
 
 # cancel: the devices control back to what the card shows
 RESTORE_JS = """function (clicks, drawn) {

@@ -95,3 +95,17 @@ def legend_below() -> dict:
         "x": 0,
         "font": {"size": 11},
     }
+
+
+def empty_figure(height: int) -> dict:
+    """A figure with nothing drawn yet (or nothing to draw): no margins and no axes, so a
+    short placeholder leaves plotly a plot area of positive size however it is resized."""
+    return {
+        "data": [],
+        "layout": {
+            "height": height,
+            "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+        },
+    }
