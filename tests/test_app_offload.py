@@ -7,8 +7,8 @@ import pytest
 from helpers import SEED_BYTES
 
 from app import figures
+from app.callbacks.analysis import floor_gap, tradeoff_note
 from app.callbacks.analysis import tradeoff_chart as _tradeoff
-from app.callbacks.analysis import tradeoff_note
 from app.explain import link_text, step_view, transfer_reason
 from app.readback import next_transfer, percent
 from app.state import OFFLOAD_METHODS, Studio
@@ -74,6 +74,10 @@ def test_the_remat_offload_curve_goes_lower_and_is_never_slower_at_equal_budgets
     ]
     note = tradeoff_note({**context, "offload": "offload"}, "host link: X")
     assert "Dashed: remat + offload" in note and "host link: X" in note
+    problem = studio.problem(key)
+    gap = floor_gap({**context, "min_pct": 32.0}, problem)
+    floor = f"{percent(problem.floor.nbytes, peak):.1f}%"
+    assert "starts at 32%" in gap and f"the floor, {floor}" in gap  # the band's own figure
 
 
 def test_host_bytes_and_the_transfer_lane_follow_the_simulation(h100):

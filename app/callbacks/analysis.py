@@ -154,7 +154,7 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "graph": block_graph(studio, context["key"]),  # at module level: layers closed
         "open": [],
         "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
-        "note": tradeoff_note(context, link_text(problem)),
+        "note": tradeoff_note(context, link_text(problem)) + " " + floor_gap(context, problem),
     }
 
 
@@ -279,6 +279,18 @@ def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
         offload or context["method"],
         value,
         (percent(floor.nbytes, peak), floor.op),
+    )
+
+
+def floor_gap(context: dict, problem: core.Problem) -> str:
+    """Why the slider stops above the floor's band: the gap between them in words."""
+    floor_pct = percent(problem.floor.nbytes, context["peak"])
+    label = METHOD_LABELS.get(context["method"], context["method"])
+    return (
+        f"The slider starts at {context['min_pct']:g}%, the lowest budget {label} meets; the "
+        f"grey band ends at the floor, {floor_pct:.1f}%, the inputs and outputs of one op "
+        "alone. Between them is what must stay alive beside that op: the parameter gradients "
+        "made so far and the values the rest of the backward recomputes from."
     )
 
 
