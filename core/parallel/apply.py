@@ -39,40 +39,27 @@ from core.trace import TensorSpec
 from core.validate import check_program
 
 
-class _Colwise(ColwiseParallel):
-    """ColwiseParallel whose hooks' ops are marked as none of the rank trace's."""
+def _untraced(style: type[Any]) -> type[Any]:
+    """`style` (ColwiseParallel or RowwiseParallel) whose module hooks' ops run under
+    `untraced_ops`: none of them is an op of the rank's trace."""
 
-    @staticmethod
-    def _prepare_input_fn(
-        layouts: Any, desired: Any, mod: nn.Module, inputs: Any, device_mesh: DeviceMesh
-    ) -> Any:
-        with untraced_ops():
-            return ColwiseParallel._prepare_input_fn(layouts, desired, mod, inputs, device_mesh)
+    class Untraced(style):
+        @staticmethod
+        def _prepare_input_fn(*args: Any) -> Any:
+            with untraced_ops():
+                return style._prepare_input_fn(*args)
 
-    @staticmethod
-    def _prepare_output_fn(
-        layouts: Any, use_local: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh
-    ) -> Any:
-        with untraced_ops():
-            return ColwiseParallel._prepare_output_fn(layouts, use_local, mod, outputs, device_mesh)
+        @staticmethod
+        def _prepare_output_fn(*args: Any) -> Any:
+            with untraced_ops():
+                return style._prepare_output_fn(*args)
+
+    Untraced.__name__ = Untraced.__qualname__ = f"Untraced{style.__name__}"
+    return Untraced
 
 
-class _Rowwise(RowwiseParallel):
-    """RowwiseParallel whose hooks' ops are marked as none of the rank trace's."""
-
-    @staticmethod
-    def _prepare_input_fn(
-        layouts: Any, desired: Any, mod: nn.Module, inputs: Any, device_mesh: DeviceMesh
-    ) -> Any:
-        with untraced_ops():
-            return RowwiseParallel._prepare_input_fn(layouts, desired, mod, inputs, device_mesh)
-
-    @staticmethod
-    def _prepare_output_fn(
-        layouts: Any, use_local: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh
-    ) -> Any:
-        with untraced_ops():
-            return RowwiseParallel._prepare_output_fn(layouts, use_local, mod, outputs, device_mesh)
+_Colwise = _untraced(ColwiseParallel)
+_Rowwise = _untraced(RowwiseParallel)
 
 
 def parallelize(
