@@ -107,6 +107,32 @@ def _offloading(problem) -> dict:
     return plans
 
 
+def test_native_offloads_of_storages_at_a_reused_address_keep_their_own_copies():
+    """An offloaded storage dies once autograd keeps only its host copy; the next layer's
+    activation, of the same size, is then allocated at its address. Each must get its own
+    host copy: keyed by address alone, the second reused the first's (gradients off)."""
+    from helpers import forced
+
+    from core.schedule import store_all_plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *(m for _ in range(6) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU()))
+    )
+    case = (
+        model,
+        (torch.randn(32, 256),),
+        {},
+        torch.nn.functional.mse_loss,
+        (torch.randn(32, 256),),
+    )
+
+    def every_relu_offloaded(problem) -> dict:
+        return {"store_all+6 offloads": forced(problem, store_all_plan(problem), 6)}
+
+    _check_predicted("linear-relu stack", every_relu_offloaded, case)
+
+
 def test_native_offloads_are_measured_gpt_tiny():
     """A plan's offloads run as saved-tensor hooks: measured = the native prediction, which
     is below store-all's; gradients equal."""

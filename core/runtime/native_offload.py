@@ -152,6 +152,8 @@ class NativeOffload:
             lane.copy(host, storage_bytes(storage), True)  # record_stream keeps it on CUDA
             parked[key] = _Parked(host, nbytes, x.device, lane)
             weakref.finalize(parked[key], lane.give, pool)  # back once no node keeps it
+            # the key is an address: once this storage dies, a later storage may get it
+            weakref.finalize(storage, parked.pop, key, None)
         return _Packed(parked[key], x.dtype, int(x.storage_offset()), tuple(x.shape), x.stride())
 
     @staticmethod
