@@ -45,14 +45,19 @@ def _untraced(style: type[Any]) -> type[Any]:
 
     class Untraced(style):
         @staticmethod
-        def _prepare_input_fn(*args: Any) -> Any:
+        def _prepare_input_fn(
+            layouts: Any, desired: Any, mod: nn.Module, inputs: Any, device_mesh: DeviceMesh
+        ) -> Any:
+            # distribute_module counts these parameters: keep them named, not *args
             with untraced_ops():
-                return style._prepare_input_fn(*args)
+                return style._prepare_input_fn(layouts, desired, mod, inputs, device_mesh)
 
         @staticmethod
-        def _prepare_output_fn(*args: Any) -> Any:
+        def _prepare_output_fn(
+            layouts: Any, use_local: bool, mod: nn.Module, outputs: Any, device_mesh: DeviceMesh
+        ) -> Any:
             with untraced_ops():
-                return style._prepare_output_fn(*args)
+                return style._prepare_output_fn(layouts, use_local, mod, outputs, device_mesh)
 
     Untraced.__name__ = Untraced.__qualname__ = f"Untraced{style.__name__}"
     return Untraced
