@@ -4,6 +4,8 @@ measured peak is its lowering's predicted peak + the 4-byte seed of loss.backwar
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers import SEED_BYTES
@@ -163,3 +165,23 @@ def test_native_method_is_measured_hf_12_layers(model):
 
     builder = {"gpt2": hf_zoo.gpt2, "llama": hf_zoo.llama}[model]
     _check_predicted(f"hf-{model}-12l", _native_50_and_min, _hf_12(builder))
+
+
+def test_native_recompute_updates_batch_norm_statistics_once():
+    """A recompute runs the layers' batch-norm forward again: the running statistics and
+    step counts still take one update per step, as in eager. (The native peak of this
+    ResNet is not yet exact: 88 B over the prediction measured, docs/native.md.)"""
+    model, args, kwargs, loss_fn, targets = _case("resnet-tiny")
+    start = copy.deepcopy(model.state_dict())
+    problem = core.analyze(model, args)
+    _step(model, model, args, kwargs, loss_fn, targets)
+    eager_state = copy.deepcopy(model.state_dict())
+    for method in ("checkpoint_blocks", "sqrt_n"):
+        model.load_state_dict(start)
+        plan = core.solve(problem, 1.0, method=method)
+        run = core.apply_plan(model, plan, runtime="native")
+        assert native_handle(run).lowering.regions, method  # something is recomputed
+        _step(model, run, args, kwargs, loss_fn, targets)
+        native_handle(run).remove()
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, eager_state[name]), f"{method}: {name}"

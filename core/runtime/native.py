@@ -114,12 +114,60 @@ class _Policy:
             )
 
 
-def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward` run under non-reentrant checkpoint with the region's selective policy. The
-    context function is a plain function (torch.compile takes it as it is; a partial would
-    have to be a constant) making a fresh policy for each run."""
+_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _stat(norm: nn.Module, name: str) -> torch.Tensor:
+    """A running-statistics buffer of a norm that tracks them (never None there)."""
+    own = norm._buffers[name]
+    assert own is not None, name
+    return own
+
+
+class _RunningStats:
+    """Batch-norm's running statistics updated once per step, as eager does, though a
+    recompute runs the norms' forward again: during the recompute each norm's statistics
+    buffers are set aside for scratch buffers of their shape, made when the plan is applied
+    (outside every step), which take the second update. The recompute runs the forward's
+    ops one for one, as checkpoint requires, and allocates nothing."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.norms = [
+            m
+            for m in module.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        ]
+        self.scratch = [{n: torch.zeros_like(_stat(m, n)) for n in _STATS} for m in self.norms]
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """The training norms' statistics replaced by scratch while the block runs."""
+        swapped = []
+        for m, scratch in zip(self.norms, self.scratch):
+            if not m.training:
+                continue
+            for name in _STATS:
+                own = _stat(m, name)
+                if scratch[name].shape != own.shape or scratch[name].device != own.device:
+                    scratch[name] = torch.zeros_like(own)  # the model moved since
+                m._buffers[name] = scratch[name]
+                swapped.append((m, name, own))
+        try:
+            yield
+        finally:
+            for m, name, own in swapped:
+                m._buffers[name] = own
+
+
+def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
+    """`module.forward` run under non-reentrant checkpoint with the region's selective
+    policy. The context function is a plain function (torch.compile takes it as it is; a
+    partial would have to be a constant) making a fresh policy for each run. A recompute
+    leaves batch-norm's running statistics alone (eager updates them once)."""
+    forward = module.forward
     made: list[_Policy] = []
     refuse_kv_cache = kv_cache_guard(region.module, forward)
+    stats = _RunningStats(module)
 
     def contexts() -> tuple[Any, Any]:
         made[:] = [_Policy(region)]
@@ -130,9 +178,19 @@ def _wrapped(region: Region, forward: Callable[..., Any]) -> Callable[..., Any]:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         refuse_kv_cache(args, kwargs)
-        out = checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-        if not torch.compiler.is_compiling():
-            made[0].check_done()
+        if torch.compiler.is_compiling():  # the compiled recompute mutates no buffer
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        runs = [0]
+
+        def counted(*a: Any, **k: Any) -> Any:
+            runs[0] += 1
+            if runs[0] == 1 or not stats.norms:
+                return forward(*a, **k)
+            with stats.aside():  # the recompute
+                return forward(*a, **k)
+
+        out = checkpoint(counted, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        made[0].check_done()
         return out
 
     return run
@@ -148,7 +206,7 @@ class NativeHandle:
         for region in lowering.regions:
             sub = model.get_submodule(region.module)
             self._restore.append((sub, sub.__dict__.get("forward")))
-            sub.forward = _wrapped(region, sub.forward)
+            sub.forward = _wrapped(region, sub)
         self.offload = NativeOffload(plan, lowering) if lowering.offloads else None
         if self.offload is not None:  # the hooks around the whole forward
             self._restore.append((model, model.__dict__.get("forward")))

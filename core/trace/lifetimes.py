@@ -100,6 +100,9 @@ def python_lifetimes(
         ]
     args, kwargs, targets = join_call(example, trace.call)
     deaths = _Deaths()
+    # fake mode runs ops on small real CPU tensors for real (batch-norm's step count):
+    # the probe must leave the model's buffers as it found them
+    buffers = [(b, b.clone()) for b in model.buffers()]
     hooks = [
         sub.register_forward_pre_hook(
             lambda _m, a, kw, name=name: deaths.called(name, a, kw), with_kwargs=True
@@ -117,6 +120,9 @@ def python_lifetimes(
     finally:
         for hook in hooks:
             hook.remove()
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
     matched = _align(trace, deaths.ops)
     at: list[int] = []  # probe op -> last traced node matched at or before it
     last = -1
