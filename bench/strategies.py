@@ -356,7 +356,7 @@ def _native_strategies(
     compiled with `backend` (gradients also checked against compiled eager's)."""
     try:
         native = core.apply_plan(shared_copy(model), plan, runtime="native")
-    except InvalidPlan as e:  # offloads: native execution does not express them
+    except InvalidPlan as e:  # the optimizer in the step: native execution runs no update
         log(f"ours {method} at {first}: no native row ({str(e).split(':')[0]})")
         return []
     budget = ", ".join(labels)
