@@ -163,23 +163,29 @@ def python_held(problem: Problem) -> PythonHeld:
     lifetimes = python_lifetimes(model, trace, problem.loss_fn)
     out: dict[int, int] = {}
     for made, dropped in lifetimes.dropped.items():
-        o = op_of.get(made)
+        v = _made_value(graph, made, op_of)
         k = bisect.bisect_right(firsts, dropped) - 1
-        if o is None or k < 0:
+        if v is None or k < 0:
             continue
-        ran = max(o2 for _, o2 in starts[: k + 1])
-        for v in _made_values(graph, made, o):
-            out[v] = ran
+        out[v] = max(o2 for _, o2 in starts[: k + 1])
     passed = {
-        name: frozenset(v for n in nodes if n in op_of for v in _made_values(graph, n, op_of[n]))
-        for name, nodes in lifetimes.passed.items()
+        name: frozenset(
+            v for v in (_made_value(graph, made, op_of) for made in storages) if v is not None
+        )
+        for name, storages in lifetimes.passed.items()
     }
     return PythonHeld(out, passed)
 
 
-def _made_values(graph: Graph, node: int, op: int) -> list[int]:
-    """The values of graph op `op` that traced node `node` returns storages of."""
-    return [v for v in graph.trace.nodes[node].storages if v in graph.ops[op].outputs]
+def _made_value(graph: Graph, made: tuple[int, int], op_of: dict[int, int]) -> int | None:
+    """The graph value of a traced node's `i`-th tensor output, when its graph op makes it
+    (a view of another op's value is not a value of its own)."""
+    node, i = made
+    storages = graph.trace.nodes[node].storages
+    if node not in op_of or i >= len(storages):
+        return None
+    v = storages[i]
+    return v if v in graph.ops[op_of[node]].outputs else None
 
 
 def _module_nodes(problem: Problem, module: str) -> list[int]:

@@ -1,8 +1,10 @@
 """Measure the real peak of a step on any device: count each new storage once while it lives.
 
-A `TorchDispatchMode` sees every ATen op; each output storage not seen before (and not one of
-the pre-existing tensors: parameters, inputs) is added to the live total and removed when
-PyTorch frees it (`weakref.finalize`). On CPU this matched `torch.profiler`'s memory profile
+A `TorchDispatchMode` sees every ATen op; each output storage not seen before is added to the
+live total and removed when PyTorch frees it (`weakref.finalize`), unless it is one of the
+pre-existing tensors (parameters, inputs) or one of the op's own inputs' storages: an
+in-place result or a view of a tensor the step did not make (a plan's scratch buffer) existed
+before the op, so it is not an allocation. On CPU this matched `torch.profiler`'s memory profile
 exactly for a GPT; on CUDA, `torch.cuda.max_memory_allocated` is the reference instead.
 
 Host memory is not device memory: an offloading plan parks storages in a host pool that
@@ -37,16 +39,27 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(t.untyped_storage())
+        given = {s._cdata for s in self._storages((args, kwargs))}
+        for storage in self._storages(out):
+            self._track(storage, given)
         return out
 
-    def _track(self, storage: torch.UntypedStorage) -> None:
+    def _storages(self, tree: object) -> list[torch.UntypedStorage]:
+        """The storages of the tensors in `tree` (meta tensors have none)."""
+        return [
+            t.untyped_storage()
+            for t in tree_leaves(tree)
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        ]
+
+    def _track(self, storage: torch.UntypedStorage, given: set[int]) -> None:
         key = storage._cdata
         if key in self._known:
             return
         self._known.add(key)
+        if key in given:  # an in-place result or a view of a tensor made before the step
+            weakref.finalize(storage, self._known.discard, key)
+            return
         nbytes = storage.nbytes()
         self.live += nbytes
         self.peak = max(self.peak, self.live)

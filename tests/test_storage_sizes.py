@@ -133,3 +133,16 @@ def test_analysis_leaves_the_random_stream_alone():
     want = model(*args).item()
     torch.manual_seed(5)
     assert run(*args).item() == want
+
+
+def test_the_tracker_counts_no_storage_made_before_the_step():
+    """An in-place update of a tensor made before the step (a plan's scratch statistics)
+    returns that tensor: the tracker sees its storage for the first time, and it is not an
+    allocation of the step."""
+    scratch = torch.zeros(1000)
+    x = torch.ones(10)
+    with StorageTracker([x]) as tracker:
+        scratch.add_(1)
+        scratch[:10].mul_(2)
+        y = x * 2
+    assert tracker.peak == y.untyped_storage().nbytes() == 40

@@ -27,12 +27,13 @@ class RankTracker(StorageTracker):
     def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__(local(t) for t in existing)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(local(t).untyped_storage())
-        return out
+    def _storages(self, tree: object) -> list[torch.UntypedStorage]:
+        """The storages of the local shards of the tensors in `tree`."""
+        return [
+            local(t).untyped_storage()
+            for t in tree_leaves(tree)
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        ]
 
 
 def rank_tensors(model: torch.nn.Module, inputs: Iterable[torch.Tensor]) -> list[torch.Tensor]:

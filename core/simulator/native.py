@@ -24,7 +24,9 @@ A backward op belongs to the autograd node whose sequence number its first trace
 carries; that node was made by the first forward node with that number. A node's call (a
 stretch of ops with one number) holds its incoming gradients and saved tensors until it
 ends; a tensor unpacked from a checkpoint or from the host dies when the formula returns,
-before `validate_outputs`' trailing sums.
+before `validate_outputs`' trailing sums, and so do the formula's own temporaries (C++
+temporaries and locals: PowBackward0's `grad * (2 * self.pow(1))` holds both factors while
+it multiplies).
 
 Offloads (saved-tensor hooks, `core.runtime.native_offload`): an offloaded value is packed
 to the host when autograd saves it, so only Python holds its device storage; each node
@@ -307,14 +309,19 @@ class _Builder:
         """A node's call holds what it reads: its incoming gradients and (outside every
         checkpoint) the saved tensors its node keeps until autograd releases them, until
         the call ends; a saved tensor unpacked from a checkpoint is a local of `apply`,
-        dropped when the formula returns (before `validate_outputs`)."""
+        dropped when the formula returns (before `validate_outputs`), as is what the
+        formula makes and reads again."""
         for call in self.calls:
             made = {v for b in call.ops for v in self.ops[b].outputs}
             end = self.at[call.ops[-1]]
             formula_end = self.at[call.ops[call.formula - 1]]
-            for b in call.ops:
+            formula_made = {v for b in call.ops[: call.formula] for v in self.ops[b].outputs}
+            for k, b in enumerate(call.ops):
                 region = b in self.owner
                 for v in self.ops[b].inputs:
+                    if v in formula_made and k < call.formula:
+                        self._hold(v, formula_end)
+                        continue
                     if v in made:
                         continue
                     local = v >= len(self.graph.values) or (region and self._forward_value(v))

@@ -4,8 +4,10 @@
 Native execution (`apply_plan(..., runtime="native")`) runs a plan as selective checkpoint on
 the model's layers, so its peak and time are the native simulation's
 (`core.lowering.Lowering.prediction`), not the plan's program's. This method searches
-Rockmate's plans over interpreter budgets from `budget` down to Rockmate's minimum and keeps
-the one whose NATIVE peak fits `budget` at the least native time. Its notes say what native
+Rockmate's plans over interpreter budgets from store-all's peak and from `budget` down to
+Rockmate's minimum and keeps the one whose NATIVE peak fits `budget` at the least native
+time (a lower interpreter budget can mean a higher native peak: native recomputes a layer
+whole). Its notes say what native
 execution leaves out of it (repeated forwards, blocks that are no submodule).
 """
 
@@ -17,29 +19,33 @@ from core.plan import Plan
 from core.problem import Problem
 from core.solvers import rockmate
 
-STEPS = 12  # interpreter budgets tried between `budget` and Rockmate's minimum
+STEPS = 12  # interpreter budgets tried between a top budget and Rockmate's minimum
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    """The Rockmate plan whose native peak fits `budget` with the least native time;
-    InfeasibleBudget with the least native peak found when none fits."""
+    """The Rockmate plan whose native peak fits `budget` with the least native time, among
+    Rockmate's plans at budgets from `budget` and from store-all's peak down to its minimum;
+    InfeasibleBudget when none fits, with the least native peak of the second search (the
+    same for every budget, so asking for it finds a plan)."""
     try:
         floor = rockmate.solve(problem, 1).predicted_peak
     except InfeasibleBudget as e:
         floor = e.minimum
     best: tuple[Plan, Lowering] | None = None
-    lowest = None
-    for k in range(STEPS + 1):
-        asked = budget - (budget - floor) * k // STEPS
-        try:
-            plan = rockmate.solve(problem, max(asked, floor))
-        except InfeasibleBudget:
-            continue
-        low = lower(plan)
-        peak = low.prediction.peak
-        lowest = peak if lowest is None else min(lowest, peak)
-        if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
-            best = (plan, low)
+    lowest: int | None = None
+    for top in (problem.store_all_peak, budget):
+        for k in range(STEPS + 1):
+            asked = max(top - (top - floor) * k // STEPS, floor)
+            try:
+                plan = rockmate.solve(problem, asked)
+            except InfeasibleBudget:
+                continue
+            low = lower(plan)
+            peak = low.prediction.peak
+            if top == problem.store_all_peak:
+                lowest = peak if lowest is None else min(lowest, peak)
+            if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
+                best = (plan, low)
     if best is None:
         raise InfeasibleBudget(budget, lowest or floor, "native")
     plan, low = best

@@ -32,39 +32,42 @@ from core.trace.nodes import Trace
 # make_fx records `lift_fresh` as `lift_fresh_copy` (torch/fx/experimental/proxy_tensor.py)
 _WINDOW = 64  # probe ops a traced node may be ahead of its match (metadata queries)
 _TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
+Made = tuple[int, int]  # a storage: the op (or traced node) that made it, its output's place
 
 
 class _Deaths(TorchDispatchMode):
-    """Every op dispatched, and for each new storage the op after which it was freed."""
+    """Every op dispatched, and for each new storage the op after which it was freed. A
+    storage is named by the op that made it and its place among the op's tensor outputs
+    (batch norm's output outlives the statistics it returns beside it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[Any] = []
-        self.died: dict[int, int] = {}  # op that made a storage -> last op before it died
+        self.died: dict[Made, int] = {}  # a storage -> the last op before it died
         self._seen: set[int] = set()
-        self.made: dict[int, int] = {}  # live storage -> the op that made it
-        self.passed: dict[str, set[int]] = {}  # submodule -> ops that made its call's tensors
+        self.made: dict[int, Made] = {}  # live storage -> the op and output that made it
+        self.passed: dict[str, set[Made]] = {}  # submodule -> the storages of its call
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         k = len(self.ops)
         self.ops.append(_TRACED_AS.get(func, func))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                if storage._cdata not in self._seen:
-                    self._seen.add(storage._cdata)
-                    self.made[storage._cdata] = k
-                    weakref.finalize(storage, self._dead, storage._cdata, k)
+        tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for i, t in enumerate(tensors):
+            storage = t.untyped_storage()
+            if storage._cdata not in self._seen:
+                self._seen.add(storage._cdata)
+                self.made[storage._cdata] = (k, i)
+                weakref.finalize(storage, self._dead, storage._cdata, (k, i))
         return out
 
-    def _dead(self, key: int, made: int) -> None:
+    def _dead(self, key: int, made: Made) -> None:
         self._seen.discard(key)
         self.made.pop(key, None)
         self.died.setdefault(made, len(self.ops) - 1)
 
     def called(self, name: str, args: Any, kwargs: Any) -> None:
-        """Submodule `name` is called with `args` and `kwargs`: record the ops that made
+        """Submodule `name` is called with `args` and `kwargs`: record the storages of
         their tensors."""
         mine = self.passed.setdefault(name, set())
         for t in tree_leaves((args, kwargs)):
@@ -76,13 +79,13 @@ class _Deaths(TorchDispatchMode):
 
 @dataclass(frozen=True)
 class Lifetimes:
-    """What the model's Python code holds, in traced forward nodes: `dropped` maps a node
-    making a storage to the node after which Python drops it (absent: outlives the
-    forward); `passed` maps a submodule's path to the nodes whose storages it is called
-    with."""
+    """What the model's Python code holds, in traced forward nodes, a storage named by the
+    node making it and its place among the node's tensor outputs: `dropped` maps a storage
+    to the node after which Python drops it (absent: outlives the forward); `passed` maps
+    a submodule's path to the storages it is called with."""
 
-    dropped: dict[int, int]
-    passed: dict[str, frozenset[int]]
+    dropped: dict[Made, int]
+    passed: dict[str, frozenset[Made]]
 
 
 def python_lifetimes(
@@ -131,12 +134,12 @@ def python_lifetimes(
         last = node_of.get(k, last)
         at.append(last)
     died = {
-        node: at[deaths.died[k]]
-        for k, node in matched
-        if k in deaths.died and deaths.died[k] < dropped and at[deaths.died[k]] >= 0
+        (node_of[k], i): at[last]
+        for (k, i), last in deaths.died.items()
+        if k in node_of and last < dropped and at[last] >= 0
     }
     passed = {
-        name: frozenset(node_of[k] for k in made if k in node_of)
+        name: frozenset((node_of[k], i) for k, i in made if k in node_of)
         for name, made in deaths.passed.items()
     }
     return Lifetimes(died, passed)
