@@ -106,13 +106,15 @@ def test_native_prediction_is_measured_hf_llama():
     _check_predicted("hf-llama")
 
 
-@pytest.mark.parametrize("name", ["resnet-tiny", "regnet-tiny", "unet-tiny"])
-def test_native_prediction_is_measured_conv_nets(name):
+@pytest.mark.parametrize("name", ["resnet-tiny", "regnet-tiny", "unet-tiny", "siamese-tiny"])
+def test_native_prediction_is_measured_samples(name):
     """U-Net: a derivative formula's temporaries live until the formula returns (the
     loss's PowBackward0 holds `self.pow(1)` and `2 * self.pow(1)` while it multiplies).
     RegNet: a module called with batch norm's output is not called with the statistics
     returned beside it. ResNet: a checkpointed norm's recompute updates scratch
-    statistics made before the step, no allocation."""
+    statistics made before the step, no allocation. Siamese (one tower run twice): a
+    shared parameter's second gradient is summed into `.grad` by AccumulateGrad, which
+    holds neither addend past the sum."""
     _check_predicted(name)
 
 

@@ -26,7 +26,9 @@ stretch of ops with one number) holds its incoming gradients and saved tensors u
 ends; a tensor unpacked from a checkpoint or from the host dies when the formula returns,
 before `validate_outputs`' trailing sums, and so do the formula's own temporaries (C++
 temporaries and locals: PowBackward0's `grad * (2 * self.pow(1))` holds both factors while
-it multiplies).
+it multiplies). Gradients summed as the engine hands a node's outputs to the next nodes
+(a stale call) are part of that node's call, except a sum into a parameter's `.grad`,
+which AccumulateGrad runs as a call of its own.
 
 Offloads (saved-tensor hooks, `core.runtime.native_offload`): an offloaded value is packed
 to the host when autograd saves it, so only Python holds its device storage; each node
@@ -310,22 +312,48 @@ class _Builder:
         checkpoint) the saved tensors its node keeps until autograd releases them, until
         the call ends; a saved tensor unpacked from a checkpoint is a local of `apply`,
         dropped when the formula returns (before `validate_outputs`), as is what the
-        formula makes and reads again."""
+        formula makes and reads again. A stale call (gradients accumulated into a node's
+        input buffer while the engine hands out the previous node's outputs) holds what
+        that node read or made until it ends; the buffer's old sum goes as it is replaced.
+        A parameter's gradient summed into its `.grad` is AccumulateGrad's own call: it
+        holds nothing past the sum."""
+        handed: set[int] = set()  # what the last node's call read or made
+        into_grad = self._into_grad()
         for call in self.calls:
             made = {v for b in call.ops for v in self.ops[b].outputs}
+            if not call.stale:
+                handed = made | {v for b in call.ops for v in self.ops[b].inputs}
             end = self.at[call.ops[-1]]
             formula_end = self.at[call.ops[call.formula - 1]]
             formula_made = {v for b in call.ops[: call.formula] for v in self.ops[b].outputs}
             for k, b in enumerate(call.ops):
+                if call.stale and b in into_grad:
+                    continue
                 region = b in self.owner
                 for v in self.ops[b].inputs:
                     if v in formula_made and k < call.formula:
                         self._hold(v, formula_end)
                         continue
-                    if v in made:
+                    if v in made or (call.stale and v not in handed):
                         continue
                     local = v >= len(self.graph.values) or (region and self._forward_value(v))
                     self._hold(v, formula_end if local else end)
+
+    def _into_grad(self) -> set[int]:
+        """Backward ops of stale calls summing into a parameter's `.grad`: those making a
+        parameter gradient, or a sum only such ops read (a parameter used three times)."""
+        graph = self.graph
+        stale = {b for call in self.calls if call.stale for b in call.ops}
+        out: set[int] = set()
+        for b in reversed(graph.backward_ops):
+            if b not in stale:
+                continue
+            values = [graph.values[v] for v in graph.ops[b].outputs]
+            if values and all(
+                v.kind == "gradient" or (v.consumers and set(v.consumers) <= out) for v in values
+            ):
+                out.add(b)
+        return out
 
     def _forward_value(self, v: int) -> bool:
         """A value the forward (or a recompute) made: a saved tensor, not a gradient."""
