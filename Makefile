@@ -12,10 +12,14 @@ $(PY):
 
 # torch==2.13.0 first: it takes the CPU wheel on this machine; any looser request would
 # pull the newest CUDA build (several GB). The package's own range is satisfied by it.
+# timm with --no-deps: it requires torchvision, whose only build for torch 2.13 is a CUDA
+# one that does not load here (and would drag torch along); the bench extra lists timm's
+# other requirements, and sample_models/timm_zoo.py imports it over a torchvision stub.
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps timm==1.0.31
 	touch $(STAMP)
 
 install: $(STAMP)

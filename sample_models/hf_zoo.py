@@ -12,7 +12,6 @@ models work without it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,32 +35,16 @@ from transformers import (
     ViTForImageClassification,
 )
 
+from sample_models.zoo import ZooCase, class_loss, made
+
 VOCAB, SEQ, BATCH = 128, 16, 2  # the tiny configs' call
 BIG_SEQ = 512  # the meta-device models' tokens
-
-
-@dataclass
-class ZooCase:
-    """One training step of a zoo model, called as its users call it."""
-
-    model: nn.Module
-    args: tuple
-    kwargs: dict[str, Any]
-    loss_fn: Callable[..., torch.Tensor]
-    targets: tuple[torch.Tensor, ...]
-    layers: int  # repeated layers: blocks checkpoint_blocks must find at least
 
 
 def token_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over a ModelOutput's logits, computed outside the model."""
     logits = output.logits
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-
-
-def class_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over class logits (a ModelOutput's or a plain tensor), outside the model."""
-    logits = output.logits if hasattr(output, "logits") else output
-    return nn.functional.cross_entropy(logits, labels)
 
 
 def _tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -74,11 +57,8 @@ def _tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _made(cls: Callable[[Any], nn.Module], cfg: Any) -> nn.Module:
-    """The model in training mode, its weights from seed 0; the caller's random stream is left
-    as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return cls(cfg).train()
+    """`cls(cfg)` in training mode, its weights from seed 0 (`sample_models.zoo.made`)."""
+    return made(lambda: cls(cfg))
 
 
 def _lm(model: nn.Module, layers: int) -> ZooCase:
@@ -196,8 +176,7 @@ def mixtral(layers: int = 2, experts: str | None = "batched_mm") -> ZooCase:
 
 
 def resnet() -> ZooCase:
-    """A CNN with batch norm, three basic blocks (Hugging Face's ResNet: timm needs
-    torchvision, which has no build for the CPU torch wheel used here)."""
+    """A CNN with batch norm, three basic blocks (Hugging Face's; timm's: timm_zoo.py)."""
     cfg = ResNetConfig(
         embedding_size=8,
         hidden_sizes=[8, 16],

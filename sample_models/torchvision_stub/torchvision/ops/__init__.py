@@ -1,0 +1,1 @@
+"""Stub `torchvision.ops`: only `misc` (see `sample_models.torchvision_stub`)."""
