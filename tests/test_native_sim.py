@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import SEED_BYTES
 from test_native import _case, _plans, _step
+from torch import nn
 
 import core
 from core.lowering import lower
@@ -116,6 +117,21 @@ def test_native_prediction_is_measured_samples(name):
     shared parameter's second gradient is summed into `.grad` by AccumulateGrad, which
     holds neither addend past the sum."""
     _check_predicted(name)
+
+
+def test_native_prediction_is_measured_with_in_place_activations():
+    """`SiLU(inplace=True)` after batch norm (timm's `BatchNormAct2d`): eager clones the
+    norm's output for the derivative and writes the activation into its storage. The trace
+    records the activation out of place and the clone as a backward op; the native
+    simulation runs them as eager does."""
+    torch.manual_seed(0)
+
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(True))
+
+    model = nn.Sequential(*[block() for _ in range(4)], nn.Flatten(), nn.Linear(8 * 64, 10))
+    x, y = torch.randn(4, 8, 8, 8), torch.randint(0, 10, (4,))
+    _check_predicted("in-place SiLU", case=(model, (x,), {}, nn.functional.cross_entropy, (y,)))
 
 
 def _offloading(problem) -> dict:

@@ -118,15 +118,24 @@ def native_program(
     the host, their copies timed over `link` (untimed without one)."""
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    inplace = in_place_ops(graph)
+    clones = frozenset(inplace.values())
+    forward_ops = sorted((*graph.forward_ops, *clones))
     maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
     for n in nodes:
-        if n.role == "op" and n.module is not None:
+        if n.role == "op" and n.module is not None and op_of.get(n.index) not in clones:
             maker.setdefault(n.seq_nr, n.index)
     region_of_node = {n: r for r, reg in enumerate(regions) for n in reg.nodes}
-    existing = {v.index for v in graph.values if v.producer is None or _forward(graph, v)}
+    existing = {
+        v.index
+        for v in graph.values
+        if v.producer is None or _forward(graph, v) or v.producer in clones
+    }
     arriving = {v.index for v in graph.values if v.kind == "tangent"}
-    parts = [_Region(_ops_in(reg, graph), reg.cached, reg.inputs, set()) for reg in regions]
-    calls = backward_calls(graph)
+    parts = [
+        _Region(_ops_in(reg, graph, forward_ops), reg.cached, reg.inputs, set()) for reg in regions
+    ]
+    calls = backward_calls(graph, clones)
     owner: dict[int, int] = {}  # backward op -> region of its node
     node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
     saving: set[int] = set()  # forward nodes that made a node saving a tensor
@@ -144,8 +153,31 @@ def native_program(
             part = parts[owner[b]]
             part.saving.add(b)
             part.stop = max(part.stop, op_of[made])
-    builder = _Builder(graph, parts, owner, calls, dropped or {})
+    builder = _Builder(graph, parts, owner, calls, dropped or {}, inplace, forward_ops)
     return builder.build(_Offloads(offloaded, link))
+
+
+def in_place_ops(graph: Graph) -> dict[int, int]:
+    """Forward ops eager runs in place, each with the clone autograd makes of its input
+    first (the original its derivative reads: `SiLU(inplace=True)`, timm's `BatchNormAct2d`).
+    The trace records the op out of place and the clone, read only by the backward, as a
+    backward op; eager runs the clone in the forward and writes the result into the input's
+    storage."""
+    nodes = graph.trace.nodes
+    out: dict[int, int] = {}
+    for c in graph.backward_ops:
+        clone = graph.ops[c]
+        if clone.label != "aten.clone" or c + 1 >= len(graph.ops):
+            continue
+        op = graph.ops[c + 1]
+        if (
+            op.phase == "forward"
+            and op.inputs[:1] == clone.inputs[:1]
+            and len(op.outputs) == 1
+            and nodes[op.nodes[0]].seq_nr == nodes[clone.nodes[0]].seq_nr
+        ):
+            out[c + 1] = c
+    return out
 
 
 @dataclass(frozen=True)
@@ -163,12 +195,15 @@ class Call:
 _VALIDATE = ("aten.sum",)  # what validate_outputs runs on a node's outputs: sum_to
 
 
-def backward_calls(graph: Graph) -> list[Call]:
+def backward_calls(graph: Graph, skip: frozenset[int] = frozenset()) -> list[Call]:
     """The backward's node calls in order: each a stretch of consecutive backward ops with
-    one sequence number. A number seen before is stale (a node runs once)."""
+    one sequence number (`skip`: ops the forward runs). A number seen before is stale (a
+    node runs once)."""
     nodes = graph.trace.nodes
     stretches: list[tuple[int, list[int]]] = []
     for b in graph.backward_ops:
+        if b in skip:
+            continue
         seq = nodes[graph.ops[b].nodes[0]].seq_nr
         if not stretches or stretches[-1][0] != seq:
             stretches.append((seq, []))
@@ -188,10 +223,10 @@ def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
     return graph.ops[value.producer].phase == "forward"
 
 
-def _ops_in(region: Checkpointed, graph: Graph) -> list[int]:
+def _ops_in(region: Checkpointed, graph: Graph, forward_ops: list[int]) -> list[int]:
     """The graph ops the region runs: those whose allocating node is the module's (a view
     the module takes of an outer value allocates nothing, and is not recomputed)."""
-    return [o for o in graph.forward_ops if graph.ops[o].nodes[0] in region.nodes]
+    return [o for o in forward_ops if graph.ops[o].nodes[0] in region.nodes]
 
 
 @dataclass(frozen=True)
@@ -217,13 +252,20 @@ class _Builder:
         owner: dict[int, int],
         calls: list[Call],
         dropped: dict[int, int],
+        inplace: dict[int, int],
+        forward_ops: list[int],
     ) -> None:
         self.graph, self.parts, self.owner, self.dropped = graph, parts, owner, dropped
-        self.calls = calls
+        self.calls, self.inplace, self.forward_ops = calls, inplace, forward_ops
+        self.aliases: list[tuple[int, int]] = []  # (storage's value, in-place result on it)
         self.ops: list[NativeOp] = [
             NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops
         ]
         self.sizes, _, _ = step_values(graph)
+        for o in inplace:  # the result is written into its input's storage
+            base, result = graph.ops[o].inputs[0], graph.ops[o].outputs[0]
+            self.sizes[result] = 0
+            self.aliases.append((base, result))
         self.runs: list[int] = []  # native op per position
         self.release: dict[int, int] = {}  # value -> position after which it is freed
         self.recomputed = 0
@@ -248,7 +290,7 @@ class _Builder:
     def build(self, offloads: _Offloads) -> NativeProgram:
         graph, parts = self.graph, self.parts
         at: dict[int, int] = {}
-        for o in graph.forward_ops:
+        for o in self.forward_ops:
             at[o] = len(self.runs)
             self._run(o)
             for v in graph.ops[o].outputs:
@@ -267,7 +309,10 @@ class _Builder:
             if not p.saving:  # nothing saved: the frame dies when the forward leaves it
                 death[r] = max((at[o] for o in p.ops), default=-1)
         unpacked: dict[int, int] = {}  # offloaded value -> its copy back in this call
+        clones = set(self.inplace.values())
         for b in graph.backward_ops:
+            if b in clones:
+                continue
             reg = self.owner.get(b)
             if reg is not None and reg not in copies and b in parts[reg].saving:
                 copies[reg] = self._recompute(reg)
@@ -287,6 +332,8 @@ class _Builder:
         for r, p in enumerate(parts):
             self._frame_holds(r, p, region_of_op, death[r])
         self._node_holds()
+        for base, result in self.aliases:  # one storage: it lives while either does
+            self._hold(base, self.release[result])
         return self._program(n_forward)
 
     def _extra(self, op: NativeOp) -> None:
@@ -383,6 +430,8 @@ class _Builder:
                 copy[v] = self._new_value(v)
                 outputs.append(copy[v])
             inputs = tuple(copy.get(v, v) for v in op.inputs)
+            if o in self.inplace:
+                self.aliases.append((inputs[0], outputs[0]))
             self.ops.append(NativeOp(inputs, tuple(outputs), op.time, o))
             self._run(len(self.ops) - 1)
             self.recomputed += 1
