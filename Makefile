@@ -39,9 +39,10 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# every test, the slow ones (browser included) too
+# every test, the slow ones (browser included) too, in two workers (this machine's two
+# cores; a module's tests stay in one worker, which serves its app once)
 test: install browser lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 test-fast: install lint
 	$(VENV)/bin/pytest -q -m "not slow"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -148,3 +149,15 @@ class ThreadedDiskcacheManager(DiskcacheManager):
 
     def terminate_unhealthy_job(self, job) -> bool:
         return False
+
+    def stop_all(self, timeout: float = 60.0) -> None:
+        """Ask every job to stop and wait for them, `timeout` seconds in all: a server shut
+        down leaves no analysis running in the process that served it."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+        for _, cancel in jobs:
+            cancel.set()
+        deadline = time.monotonic() + timeout
+        for thread, _ in jobs:
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -56,6 +56,7 @@ def create_app(
     )
     callbacks.register(app, studio)
     app.studio = studio  # type: ignore[attr-defined]  # for tests and the benchmark
+    app.jobs = manager  # type: ignore[attr-defined]  # `app.jobs.stop_all()` after serving
     if warm:
         key = studio.key(model, "estimated", "cpu")
         threading.Thread(target=_quietly, args=(studio.problem, key), daemon=True).start()

@@ -100,9 +100,9 @@ def analysed() -> Callable[..., Analysed]:
 def url() -> Iterator[str]:
     """The app served in a thread for a module's browser tests (a module may define its own,
     e.g. with extra models)."""
-    address, server = serve_in_thread(create_app())
+    address, stop = serve_in_thread(create_app())
     yield address
-    server.shutdown()
+    stop()
 
 
 def chromium_path() -> str | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import gc
 import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -94,14 +96,36 @@ def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def serve_in_thread(app) -> tuple[str, object]:
-    """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, server)."""
+def gloo_worker(body: Callable[..., None]) -> Callable[..., None]:
+    """An `mp.spawn` target: `worker(rank, world, port, *args)` runs `body(rank, world,
+    *args)` as `rank` of a gloo group and collects what `body` made before the group is torn
+    down: a sharded model's pending gloo work must not outlive its process group (a rank
+    aborted at teardown once, "terminate called without an active exception")."""
+
+    @functools.wraps(body)
+    def worker(rank: int, world: int, port: int, *args: object) -> None:
+        with gloo_group(rank, world, port):
+            body(rank, world, *args)
+            gc.collect()
+
+    return worker
+
+
+def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
+    """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, stop). `stop()`
+    shuts the server down and waits for its background jobs, so the next module's app does
+    not share the process with analyses nobody will read."""
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = make_server("127.0.0.1", 0, app.server, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_port}/", server
+
+    def stop() -> None:
+        server.shutdown()
+        app.jobs.stop_all()
+
+    return f"http://127.0.0.1:{server.server_port}/", stop
 
 
 def forced(problem, plan: Plan, count: int) -> Plan:

@@ -49,9 +49,9 @@ def untraceable():
 @pytest.fixture(scope="module")
 def url():
     app = create_app({"untraceable": untraceable})
-    address, server = serve_in_thread(app)
+    address, stop = serve_in_thread(app)
     yield address
-    server.shutdown()
+    stop()
 
 
 @pytest.fixture

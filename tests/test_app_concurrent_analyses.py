@@ -20,9 +20,9 @@ CY = """() => [document.getElementById('graph'), ...document.querySelectorAll('#
 @pytest.fixture(scope="module")
 def served():
     app = create_app()
-    address, server = serve_in_thread(app)
+    address, stop = serve_in_thread(app)
     yield app, address
-    server.shutdown()
+    stop()
 
 
 def errors_of(page) -> list[str]:

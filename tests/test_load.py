@@ -66,7 +66,7 @@ def _budget_request(url: str, context: dict, value: float) -> tuple[dict, float]
 @pytest.mark.slow
 def test_twenty_clients_changing_budgets():
     app = create_app(warm=False)
-    url, server = serve_in_thread(app)
+    url, stop = serve_in_thread(app)
     studio = app.studio
     try:
         key = studio.key("gpt-tiny", "estimated", "cpu")
@@ -124,4 +124,4 @@ def test_twenty_clients_changing_budgets():
         _, seconds = _budget_request(url, context, 90)
         assert seconds < 30
     finally:
-        server.shutdown()
+        stop()

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, gloo_group
+from helpers import free_port, gloo_worker
 
 import core
 from core.errors import PlanMismatch
@@ -164,31 +164,31 @@ def test_native_compiles_without_graph_breaks(method, budget):
     dynamo.reset()
 
 
-def _fsdp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+@gloo_worker
+def _fsdp_worker(rank: int, world: int, out_dir: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    with gloo_group(rank, world, port):
-        plain, inputs = build("gpt-tiny")
-        planned, _ = build("gpt-tiny")
-        inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
-        plan = core.solve(core.analyze(planned, inputs), 0.5, method="rockmate")
-        core.apply_plan(planned, plan, runtime="native")
-        for model in (plain, planned):
-            for layer in model.transformer.h:
-                fully_shard(layer)
-            fully_shard(model)
-        peaks = []
-        for model in (plain, planned):
-            torch.manual_seed(100 + rank)
-            with StorageTracker(step_tensors(model, inputs)) as tracker:
-                model(*inputs).backward()
-            peaks.append(tracker.peak)
-        grads = {n: p.grad.full_tensor() for n, p in plain.named_parameters()}
-        for n, p in planned.named_parameters():
-            assert p.grad is not None, n
-            assert torch.equal(p.grad.full_tensor(), grads[n]), n
-        with open(os.path.join(out_dir, f"ok{rank}"), "w") as f:
-            f.write(f"{peaks[0]} {peaks[1]} {plan.predicted_peak}")
+    plain, inputs = build("gpt-tiny")
+    planned, _ = build("gpt-tiny")
+    inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
+    plan = core.solve(core.analyze(planned, inputs), 0.5, method="rockmate")
+    core.apply_plan(planned, plan, runtime="native")
+    for model in (plain, planned):
+        for layer in model.transformer.h:
+            fully_shard(layer)
+        fully_shard(model)
+    peaks = []
+    for model in (plain, planned):
+        torch.manual_seed(100 + rank)
+        with StorageTracker(step_tensors(model, inputs)) as tracker:
+            model(*inputs).backward()
+        peaks.append(tracker.peak)
+    grads = {n: p.grad.full_tensor() for n, p in plain.named_parameters()}
+    for n, p in planned.named_parameters():
+        assert p.grad is not None, n
+        assert torch.equal(p.grad.full_tensor(), grads[n]), n
+    with open(os.path.join(out_dir, f"ok{rank}"), "w") as f:
+        f.write(f"{peaks[0]} {peaks[1]} {plan.predicted_peak}")
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, gloo_group
+from helpers import free_port, gloo_worker
 
 import core
 from bench.measure import profiler_peak
@@ -63,21 +63,21 @@ def _sharded(model):
     return model
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    with gloo_group(rank, world, port):
-        plain, inputs = build("gpt-tiny")
-        inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
-        _sharded(plain)
-        peaks = {"eager": _peak(plain, inputs, 100 + rank)}
-        want = {n: p.grad.full_tensor() for n, p in plain.named_parameters()}
-        for label, plan in _plans(*build("gpt-tiny")).items():
-            model, _ = build("gpt-tiny")
-            _sharded(core.apply_plan(model, plan, runtime="native"))
-            peaks[label] = _peak(model, inputs, 100 + rank)
-            for n, p in model.named_parameters():
-                assert torch.equal(p.grad.full_tensor(), want[n]), (label, n)
-        line = " ".join(f"{k}={v}" for k, v in peaks.items())
-        Path(out_dir, f"rank{rank}").write_text(line)
+@gloo_worker
+def _worker(rank: int, world: int, out_dir: str) -> None:
+    plain, inputs = build("gpt-tiny")
+    inputs = tuple(t.roll(rank, 0) for t in inputs)  # each rank its own batch
+    _sharded(plain)
+    peaks = {"eager": _peak(plain, inputs, 100 + rank)}
+    want = {n: p.grad.full_tensor() for n, p in plain.named_parameters()}
+    for label, plan in _plans(*build("gpt-tiny")).items():
+        model, _ = build("gpt-tiny")
+        _sharded(core.apply_plan(model, plan, runtime="native"))
+        peaks[label] = _peak(model, inputs, 100 + rank)
+        for n, p in model.named_parameters():
+            assert torch.equal(p.grad.full_tensor(), want[n]), (label, n)
+    line = " ".join(f"{k}={v}" for k, v in peaks.items())
+    Path(out_dir, f"rank{rank}").write_text(line)
 
 
 @pytest.mark.slow  # two processes, each analysing and solving (~1 min on a loaded machine)

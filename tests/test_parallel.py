@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import SEED_BYTES, free_port, gloo_group
+from helpers import SEED_BYTES, free_port, gloo_worker
 from torch.distributed.device_mesh import init_device_mesh
 
 import core
@@ -109,42 +109,40 @@ def test_layouts_ranked_best_fits_and_bad_input_is_refused():
         core.parallel_plan(problem, 2, "lots")
 
 
-def _worker(
-    rank: int, world: int, port: int, name: str, dp: int, tp: int, out: str, memory: str
-) -> None:
-    with gloo_group(rank, world, port):
-        model, args, kwargs, loss_fn, targets = _case(name)
-        ref, *_ = _case(name)
-        group = rank // tp  # the data-parallel rank: its own micro-batch
-        mine = tuple(a.roll(group, 0) for a in args), tuple(t.roll(group, 0) for t in targets)
-        whole = [torch.cat([a.roll(g, 0) for g in range(dp)]) for a in (*args, *targets)]
-        kw_whole = {k: torch.cat([v] * dp) if torch.is_tensor(v) else v for k, v in kwargs.items()}
-        problem = core.analyze(model, mine[0], kwargs, loss_fn, mine[1], device="cpu")
-        pp = core.parallel_plan(problem, world, memory, device="cpu")
-        layout = next(x for x in pp.layouts if (x.dp, x.tp, x.data) == (dp, tp, _data(dp)))
-        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-        run = core.parallelize(model, layout, mesh)
-        handle = native_handle(run)
-        predicted = layout.memory.step if handle is None else handle.prediction.peak
-        recomputed = 0 if handle is None else handle.lowering.recomputed_ops
-        tensors = [*mine[0], *mine[1], *(v for v in kwargs.values() if torch.is_tensor(v))]
-        with RankTracker(rank_tensors(model, tensors)) as tracker:
-            loss = _loss(run, mine[0], kwargs, loss_fn, mine[1])
-            loss.backward()
-        n = len(args)
-        want = _loss(ref, tuple(whole[:n]), kw_whole, loss_fn, tuple(whole[n:]))
-        want.backward()
-        got = loss.detach().clone()
-        torch.distributed.all_reduce(got)
-        torch.testing.assert_close(got / world, want.detach())
-        worst = 0.0
-        for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            torch.testing.assert_close(g, q.grad, msg=lambda m, k=pname: f"{k}: {m}")
-            worst = max(worst, (g - q.grad).abs().max().item())
-        reduced = max((_output_bytes(problem, p.row) for p in layout.pairs), default=0)
-        with open(os.path.join(out, f"rank{rank}"), "w") as f:
-            f.write(f"{tracker.peak} {predicted} {reduced} {worst} {recomputed}")
+@gloo_worker
+def _worker(rank: int, world: int, name: str, dp: int, tp: int, out: str, memory: str) -> None:
+    model, args, kwargs, loss_fn, targets = _case(name)
+    ref, *_ = _case(name)
+    group = rank // tp  # the data-parallel rank: its own micro-batch
+    mine = tuple(a.roll(group, 0) for a in args), tuple(t.roll(group, 0) for t in targets)
+    whole = [torch.cat([a.roll(g, 0) for g in range(dp)]) for a in (*args, *targets)]
+    kw_whole = {k: torch.cat([v] * dp) if torch.is_tensor(v) else v for k, v in kwargs.items()}
+    problem = core.analyze(model, mine[0], kwargs, loss_fn, mine[1], device="cpu")
+    pp = core.parallel_plan(problem, world, memory, device="cpu")
+    layout = next(x for x in pp.layouts if (x.dp, x.tp, x.data) == (dp, tp, _data(dp)))
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    run = core.parallelize(model, layout, mesh)
+    handle = native_handle(run)
+    predicted = layout.memory.step if handle is None else handle.prediction.peak
+    recomputed = 0 if handle is None else handle.lowering.recomputed_ops
+    tensors = [*mine[0], *mine[1], *(v for v in kwargs.values() if torch.is_tensor(v))]
+    with RankTracker(rank_tensors(model, tensors)) as tracker:
+        loss = _loss(run, mine[0], kwargs, loss_fn, mine[1])
+        loss.backward()
+    n = len(args)
+    want = _loss(ref, tuple(whole[:n]), kw_whole, loss_fn, tuple(whole[n:]))
+    want.backward()
+    got = loss.detach().clone()
+    torch.distributed.all_reduce(got)
+    torch.testing.assert_close(got / world, want.detach())
+    worst = 0.0
+    for (pname, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        torch.testing.assert_close(g, q.grad, msg=lambda m, k=pname: f"{k}: {m}")
+        worst = max(worst, (g - q.grad).abs().max().item())
+    reduced = max((_output_bytes(problem, p.row) for p in layout.pairs), default=0)
+    with open(os.path.join(out, f"rank{rank}"), "w") as f:
+        f.write(f"{tracker.peak} {predicted} {reduced} {worst} {recomputed}")
 
 
 def _data(dp: int) -> str:
