@@ -96,6 +96,25 @@ def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def zoo_step(case, run=None, seed: int = 3) -> tuple[int, int, torch.Tensor, dict]:  # noqa: ANN001
+    """One training step of a zoo case (`sample_models.zoo.ZooCase`) from zero grads under a
+    storage tracker, the model itself or `run` (called with `targets=`): (peak, the peak
+    before `loss.backward()`, loss, grads)."""
+    model = case.model
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
+    with StorageTracker(step_tensors(model, given)) as tracker:
+        if run is None:
+            loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
+        else:
+            loss = run(*case.args, **case.kwargs, targets=case.targets)
+        forward_peak = tracker.peak
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return tracker.peak, forward_peak, loss.detach(), grads
+
+
 def gloo_worker(body: Callable[..., None]) -> Callable[..., None]:
     """An `mp.spawn` target: `worker(rank, world, port, *args)` runs `body(rank, world,
     *args)` as `rank` of a gloo group and collects what `body` made before the group is torn

@@ -12,14 +12,7 @@ from test_zoo import _eager, _run_exactly
 import core
 from sample_models.hf_zoo import mixtral
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Bit-identical gradients are held on 1 thread, as in tests/test_zoo.py."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 
 
 def test_default_grouped_mm_experts_plan_and_run_exactly():

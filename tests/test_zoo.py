@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SEED_BYTES, forced
+from helpers import SEED_BYTES, forced, zoo_step
 
 import bench.solvers
 import core
@@ -20,7 +20,6 @@ from app import cli
 from bench import MissingExtra
 from bench.solvers import zoo_builders, zoo_rows, zoo_table
 from core.errors import PlanMismatch
-from core.memory import StorageTracker, step_tensors
 from core.runtime import PlannedModule
 from core.simulator import OFFLOAD
 from core.validate import check_program
@@ -52,15 +51,7 @@ POFO_OFFLOADS = {"hf-bert", "hf-t5"}  # where POFO's own table offloads at its b
 FORCED = 2  # offloads added to POFO's plan elsewhere
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Bit-identical gradients are held on 1 thread. On 2, Mixtral's expert weights came out
-    4.7e-10 off eager's in one store_all run (a kernel's work split across threads), while
-    eager repeated on 2 threads was stable: not yet explained, left for a GPU/threads check."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 
 
 # the zoo's largest tiny models: their tests take 5-15 s each, so only `make test` runs them
@@ -81,18 +72,8 @@ def zoo(request) -> tuple[str, ZooCase, core.Problem, dict]:
 
 def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, dict]:
     """One training step from zero grads under a storage tracker: peak, loss, grads."""
-    model = case.model
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
-    with StorageTracker(step_tensors(model, given)) as tracker:
-        if run is None:
-            loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
-        else:
-            loss = run(*case.args, **case.kwargs, targets=case.targets)
-        loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return tracker.peak, loss.detach(), grads
+    peak, _, loss, grads = zoo_step(case, run, seed)
+    return peak, loss, grads
 
 
 @dataclass

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SEED_BYTES
+from helpers import SEED_BYTES, zoo_step
 
 import core
-from core.memory import StorageTracker, step_tensors
 from core.runtime.native import native_handle
 from core.schedule import store_all_plan
 from sample_models import diffusers_zoo, timm_zoo
@@ -33,13 +32,7 @@ ZOO = {**timm_zoo.ZOO, **diffusers_zoo.ZOO}
 NO_TWO_ALIKE = {"diffusers-unet", "diffusers-unet-cond"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Bit-identical gradients are held on 1 thread, as in tests/test_zoo.py."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 
 
 # the U-Nets' tests take 9-15 s each (nested blocks for Rockmate): only `make test` runs them
@@ -56,24 +49,6 @@ def zoo(request) -> tuple[str, ZooCase, core.Problem, dict]:
     case = ZOO[request.param]()
     problem = core.analyze(case.model, case.args, case.kwargs, case.loss_fn, case.targets)
     return request.param, case, problem, {k: v.clone() for k, v in case.model.state_dict().items()}
-
-
-def _step(case: ZooCase, run=None) -> tuple[int, int, torch.Tensor, dict]:
-    """One step from zero grads, seed 3, under a storage tracker: (peak, the peak before
-    `loss.backward()`, loss, grads)."""
-    model = case.model
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(3)
-    given = [x for x in (*case.args, *case.kwargs.values(), *case.targets) if torch.is_tensor(x)]
-    with StorageTracker(step_tensors(model, given)) as tracker:
-        if run is None:
-            loss = case.loss_fn(model(*case.args, **case.kwargs), *case.targets)
-        else:
-            loss = run(*case.args, **case.kwargs, targets=case.targets)
-        forward_peak = tracker.peak
-        loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return tracker.peak, forward_peak, loss.detach(), grads
 
 
 def _plans(problem: core.Problem) -> dict[str, core.Plan]:
@@ -94,11 +69,11 @@ def _run_exactly(case: ZooCase, start: dict, run, predicted: int, label: str) ->
     """One step of `run` from the starting state, held to eager's (a step from the same
     state just before) bit for bit and to `predicted`; returns the measured peak."""
     case.model.load_state_dict(start)
-    _, _, eager_loss, eager_grads = _step(case)
+    _, _, eager_loss, eager_grads = zoo_step(case)
     eager_state = {k: v.clone() for k, v in case.model.state_dict().items()}
     eager_rng = torch.get_rng_state()
     case.model.load_state_dict(start)
-    peak, forward_peak, loss, grads = _step(case, run)
+    peak, forward_peak, loss, grads = zoo_step(case, run)
     assert torch.equal(loss, eager_loss), label
     assert grads.keys() == eager_grads.keys(), label
     for key, want in eager_grads.items():
