@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from core.trace.model_call import ModelSpecError, resolve_builder
+
 REPO = Path(__file__).resolve().parents[1]
 
 # What pip writes for `[project.scripts] remat = "app.cli:main"`: run as a file, it puts its
@@ -84,3 +88,15 @@ def test_a_missing_dependency_of_the_model_module_is_named(tmp_path: Path):
     assert result.returncode == 2
     assert "no_such_dependency_xyz" in result.stderr
     assert "install what it imports" in result.stderr
+
+
+def test_zoo_names_of_each_library_build_the_model_as_its_users_call_it():
+    """`hf-`, `timm-` and `diffusers-` names load their zoo (keyword inputs, the loss
+    outside); an unknown name in a zoo lists that zoo's models."""
+    call = resolve_builder("diffusers-unet-cond")()
+    assert set(call.kwargs) >= {"sample", "timestep", "encoder_hidden_states"}
+    assert call.loss_fn is not None and call.targets
+    assert type(resolve_builder("timm-vit")().model).__module__.startswith("timm.")
+    assert type(resolve_builder("hf-gpt2")().model).__name__ == "GPT2LMHeadModel"
+    with pytest.raises(ModelSpecError, match="timm-resnet, timm-vit, timm-efficientnet"):
+        resolve_builder("timm-nope")

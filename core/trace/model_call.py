@@ -1,6 +1,6 @@
 """A `ModelCall` (a model and how one training step calls it), and the MODEL argument of the
-command line and the app that names one: a sample model's short name, a Hugging Face zoo name
-("hf-gpt2", with transformers installed) or `package.module:callable`.
+command line and the app that names one: a sample model's short name, a zoo name ("hf-gpt2",
+"timm-resnet", "diffusers-unet", with their library installed) or `package.module:callable`.
 
 A builder returns `(model, example_inputs)` (positional inputs; the model returns its loss),
 or a `ModelCall`: keyword inputs, and a loss computed outside the model, as Hugging Face
@@ -77,12 +77,12 @@ def resolve_builder(spec: str) -> Builder:
     if ":" not in spec:
         if spec in sample_models.REGISTRY:
             return lambda: ModelCall(*sample_models.build(spec))
-        if spec.startswith("hf-"):
+        if spec.startswith(tuple(_ZOOS)):
             return _zoo_builder(spec)
         raise ModelSpecError(
             f"unknown model {spec!r}: use a sample name ({', '.join(sample_models.names())}), "
-            "a Hugging Face zoo name (hf-gpt2, ...) or package.module:callable returning "
-            "(model, example_inputs) or a core.ModelCall"
+            "a zoo name (hf-gpt2, timm-resnet, diffusers-unet, ...) or package.module:callable "
+            "returning (model, example_inputs) or a core.ModelCall"
         )
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -170,17 +170,30 @@ def as_call(result: Any, spec: str) -> ModelCall:
     return result
 
 
+# zoo name prefix -> (module, what it needs, how to install it)
+_ZOOS = {
+    "hf-": ("sample_models.hf_zoo", "transformers", "pip install '.[bench]'"),
+    "timm-": (
+        "sample_models.timm_zoo",
+        "timm",
+        "pip install '.[bench]' && pip install --no-deps timm",
+    ),
+    "diffusers-": ("sample_models.diffusers_zoo", "diffusers", "pip install '.[bench]'"),
+}
+
+
 def _zoo_builder(spec: str) -> Builder:
+    prefix = next(p for p in _ZOOS if spec.startswith(p))
+    module_name, needs, install = _ZOOS[prefix]
     try:
-        from sample_models.hf_zoo import ZOO
+        zoo = importlib.import_module(module_name).ZOO
     except ImportError as e:
         raise ModelSpecError(
-            f"model {spec!r} is in the Hugging Face zoo, which needs transformers: "
-            f"pip install '.[bench]' ({e})"
+            f"model {spec!r} is in the {needs} zoo, which needs {needs}: {install} ({e})"
         ) from None
-    if spec not in ZOO:
-        raise ModelSpecError(f"unknown zoo model {spec!r}: choose one of {', '.join(ZOO)}")
-    return lambda: as_call(ZOO[spec](), spec)
+    if spec not in zoo:
+        raise ModelSpecError(f"unknown zoo model {spec!r}: choose one of {', '.join(zoo)}")
+    return lambda: as_call(zoo[spec](), spec)
 
 
 def load_model(spec: str) -> ModelCall:
