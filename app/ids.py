@@ -38,6 +38,7 @@ OVERHEAD = "num-overhead"
 RECOMPUTED = "num-recomputed"
 SOLVE_TIME = "num-solve-time"
 HOST = "num-host"  # bytes parked in host memory at once (offloading plans)
+NATIVE_PEAK = "num-native-peak"  # the plan's peak run natively (`core.lower`)
 
 # views
 INTRO = "intro"

@@ -213,9 +213,11 @@ def _glossary() -> html.Details:
     )
 
 
-def _number(label: str, id_: str) -> html.Div:
+def _number(label: str, id_: str, title: str | None = None) -> html.Div:
     return html.Div(
-        className="number", children=[html.Div("–", id=id_, className="value"), html.Div(label)]
+        className="number",
+        title=title,
+        children=[html.Div("–", id=id_, className="value"), html.Div(label)],
     )
 
 
@@ -283,6 +285,13 @@ def _budget_row():
             _number("recomputed ops", ids.RECOMPUTED),
             _number("solve time", ids.SOLVE_TIME),
             _number("parked on host", ids.HOST),
+            _number(
+                "run natively",
+                ids.NATIVE_PEAK,
+                "the predicted peak when this plan runs as PyTorch's own checkpoints on the "
+                "model's layers (apply_plan(..., runtime='native'), for torch.compile and "
+                "FSDP2): what native execution can express of it",
+            ),
         ],
     )
 

@@ -176,6 +176,14 @@ class Studio:
             (key, method, int(budget)), lambda: core.solve(problem, int(budget), method)
         )
 
+    def native_peak(self, key: str, method: str, budget: int) -> int:
+        """The predicted peak of `plan(key, method, budget)` under native execution
+        (`core.lower`), cached."""
+        return self.derived.get_or_make(
+            ("native", key, method, int(budget)),
+            lambda: core.lower(self.plan(key, method, budget)).prediction.peak,
+        )
+
     def minimum(self, key: str, method: str) -> int:
         """Smallest budget (bytes) `method` fits."""
         return self.derived.get_or_make(

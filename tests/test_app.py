@@ -236,6 +236,24 @@ def test_plan_views_on_a_real_model():
     assert fig["data"][figures.T_PEAK]["y"][0] <= fig["data"][figures.T_BUDGET]["y"][0]
 
 
+def test_the_numbers_say_the_plans_peak_run_natively():
+    """gpt-tiny at 40%: native execution cannot express Rockmate's cuts inside a layer, so
+    the plan's native peak is higher than its own; the numbers show both, the native one
+    as `core.lower` predicts it (held to the measured peak by tests/test_native_sim.py)."""
+    from app.callbacks.budget import solved
+    from core.errors import fmt_bytes
+
+    studio = Studio()
+    key = studio.key("gpt-tiny", "estimated", "cpu")
+    peak = studio.problem(key).store_all_peak
+    context = {"key": key, "peak": peak, "method": "rockmate", "for": "gpt-tiny", "min_pct": 0}
+    shown = solved(studio, context, 40.0, None)
+    plan = studio.plan(key, "rockmate", int(0.4 * peak))
+    native = core.lower(plan).prediction.peak
+    assert shown["native"] == fmt_bytes(native) and shown["peak"] == fmt_bytes(plan.predicted_peak)
+    assert native > plan.predicted_peak
+
+
 def test_a_bad_model_spec_is_refused_in_plain_words():
     from core.trace.model_call import ModelSpecError, resolve_builder
 

@@ -60,6 +60,7 @@ def ready(page, url):
     page.goto(url)
     wait_ready(page, "gpt-tiny", 60_000)
     page.wait_for_function("() => document.querySelector('#num-peak').textContent !== '–'")
+    assert page.inner_text(f"#{ids.NATIVE_PEAK}").endswith("B")  # the plan run natively
     return page
 
 

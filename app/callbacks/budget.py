@@ -24,6 +24,7 @@ SOLVED = {
     "recomputed": Output(ids.RECOMPUTED, "children"),
     "solve_time": Output(ids.SOLVE_TIME, "children"),
     "host": Output(ids.HOST, "children"),
+    "native": Output(ids.NATIVE_PEAK, "children"),
     "budget": Output(ids.BUDGET_BYTES, "children"),
     "plan": Output(ids.PLAN, "data"),
     "error": Output(ids.PLAN_ERROR, "children"),
@@ -54,7 +55,7 @@ FOLLOW_JS = """function (value, typed, context) {
   if (value === null || value === undefined) { return [nu, nu, nu, nu]; }
   return [nu, String(value), nu, true];
 }""".replace("BOX", ids.BUDGET_INPUT)
-PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host")
+PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host", "native")
 
 
 def register(app: Dash, studio: Studio) -> None:
@@ -145,6 +146,7 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "recomputed": f"{plan.recomputed_ops}",
         "solve_time": f"{plan.solve_seconds * 1e3:.0f} ms",
         "host": fmt(sim.host_peak) if context.get("offload") else "–",
+        "native": native_peak(studio, key, method, budget),
         "budget": label,
         "for": sig,
         "plan": {
@@ -160,6 +162,15 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "step": None if step is not None else no_update,
         "hint": peak_hint(plan.timeline),
     }
+
+
+def native_peak(studio: Studio, key: str, method: str, budget: int) -> str:
+    """The plan's native peak in words; a dash (and the log) when it cannot be lowered."""
+    try:
+        return fmt(studio.native_peak(key, method, budget))
+    except Exception:
+        log.exception("lowering %s %s at %s bytes failed", key, method, budget)
+        return "–"
 
 
 def update_steps(problem, steps) -> list[int]:
