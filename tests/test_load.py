@@ -18,25 +18,13 @@ from helpers import serve_in_thread
 
 from app import ids
 from app.cache import PLANS, PROBLEMS
+from app.callbacks.budget import SOLVED
 from app.callbacks.common import context_sig
 from app.server import create_app
 
 CLIENTS, CHANGES = 20, 25
-OUTPUTS = [
-    (ids.TIMELINE, "figure"),
-    (ids.PEAK, "children"),
-    (ids.OVERHEAD, "children"),
-    (ids.RECOMPUTED, "children"),
-    (ids.SOLVE_TIME, "children"),
-    (ids.HOST, "children"),
-    (ids.BUDGET_BYTES, "children"),
-    (ids.PLAN, "data"),
-    (ids.PLAN_ERROR, "children"),
-    (ids.PLAN_ERROR, "hidden"),
-    (ids.STEP, "data"),
-    (ids.BUDGET_HINT, "children"),
-    (ids.NUMBERS, "data-for"),
-]
+# the slider callback's outputs, in the order the page sends them
+OUTPUTS = [(o.component_id, o.component_property) for o in SOLVED.values()]
 
 
 def _budget_request(url: str, context: dict, value: float) -> tuple[dict, float]:
