@@ -39,18 +39,24 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        given = {s._cdata for s in self._storages((args, kwargs))}
-        for storage in self._storages(out):
-            self._track(storage, given)
+        new = [s for s in self._storages(out) if s._cdata not in self._known]
+        if new:
+            given = {s._cdata for s in self._storages((args, kwargs))}
+            for storage in new:
+                self._track(storage, given)
         return out
 
     def _storages(self, tree: object) -> list[torch.UntypedStorage]:
         """The storages of the tensors in `tree` (meta tensors have none)."""
         return [
-            t.untyped_storage()
+            self._local(t).untyped_storage()
             for t in tree_leaves(tree)
             if isinstance(t, torch.Tensor) and t.device.type != "meta"
         ]
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor whose storage counts: `t` itself (a subclass may say otherwise)."""
+        return t
 
     def _track(self, storage: torch.UntypedStorage, given: set[int]) -> None:
         key = storage._cdata

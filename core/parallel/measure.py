@@ -7,7 +7,6 @@ from collections.abc import Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.utils._pytree import tree_leaves
 
 from core.memory import StorageTracker
 
@@ -27,13 +26,9 @@ class RankTracker(StorageTracker):
     def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__(local(t) for t in existing)
 
-    def _storages(self, tree: object) -> list[torch.UntypedStorage]:
-        """The storages of the local shards of the tensors in `tree`."""
-        return [
-            local(t).untyped_storage()
-            for t in tree_leaves(tree)
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"
-        ]
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """A DTensor counts by its local shard."""
+        return local(t)
 
 
 def rank_tensors(model: torch.nn.Module, inputs: Iterable[torch.Tensor]) -> list[torch.Tensor]:

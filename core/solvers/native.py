@@ -31,21 +31,20 @@ def solve(problem: Problem, budget: int) -> Plan:
         floor = rockmate.solve(problem, 1).predicted_peak
     except InfeasibleBudget as e:
         floor = e.minimum
+    fixed = _grid(problem.store_all_peak, floor)  # the same for every budget
     best: tuple[Plan, Lowering] | None = None
     lowest: int | None = None
-    for top in (problem.store_all_peak, budget):
-        for k in range(STEPS + 1):
-            asked = max(top - (top - floor) * k // STEPS, floor)
-            try:
-                plan = rockmate.solve(problem, asked)
-            except InfeasibleBudget:
-                continue
-            low = lower(plan)
-            peak = low.prediction.peak
-            if top == problem.store_all_peak:
-                lowest = peak if lowest is None else min(lowest, peak)
-            if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
-                best = (plan, low)
+    for asked in sorted(fixed | _grid(budget, floor), reverse=True):
+        try:
+            plan = rockmate.solve(problem, asked)
+        except InfeasibleBudget:
+            continue
+        low = lower(plan)
+        peak = low.prediction.peak
+        if asked in fixed:
+            lowest = peak if lowest is None else min(lowest, peak)
+        if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
+            best = (plan, low)
     if best is None:
         raise InfeasibleBudget(budget, lowest or floor, "native")
     plan, low = best
@@ -56,3 +55,8 @@ def solve(problem: Problem, budget: int) -> Plan:
         f"{plan.overhead:.3f}); apply with runtime='native'"
     )
     return plan.replace(method="native", budget=budget).with_notes(note, *low.notes)
+
+
+def _grid(top: int, floor: int) -> set[int]:
+    """`STEPS + 1` interpreter budgets from `top` down to `floor` (none below it)."""
+    return {max(top - (top - floor) * k // STEPS, floor) for k in range(STEPS + 1)}
