@@ -12,17 +12,26 @@ Host memory is not device memory: an offloading plan parks storages in a host po
 the tracker never sees the pool (nor `host_copy`'s copies). On CPU, where host and device are
 one memory, this is what keeps the pool out of the device peak, deliberately. The copy back
 lands in a device storage the caller allocates inside the modes, so that one is counted.
-Uses private PyTorch APIs: `TorchDispatchMode`, `_disable_current_modes`, pytree's
-`tree_leaves` and storage `_cdata`.
+A planned module meeting a new input shape traces it inside the step, under a fake mode of
+its own: those fake tensors are no memory and are not counted, while a step measured under
+fake tensors (the tracker entered inside a fake mode) counts its own.
+Uses private PyTorch APIs: `TorchDispatchMode`, `_disable_current_modes`, the mode stack,
+pytree's `tree_leaves` and storage `_cdata`.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from typing import Self
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode_stack,
+)
 from torch.utils._pytree import tree_leaves
 
 
@@ -36,6 +45,17 @@ class StorageTracker(TorchDispatchMode):
         self._known: set[int] = {t.untyped_storage()._cdata for t in existing}
         self.live = 0
         self.peak = 0
+        self._fake: FakeTensorMode | None = None
+
+    def __enter__(self) -> Self:
+        # a step measured under fake tensors counts them; the fake tensors of a fake mode
+        # entered inside the step (a planned module tracing a new input shape) are no memory
+        self._fake = next(
+            (m for m in _get_current_dispatch_mode_stack() if isinstance(m, FakeTensorMode)),
+            None,
+        )
+        super().__enter__()
+        return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -51,7 +71,9 @@ class StorageTracker(TorchDispatchMode):
         return [
             self._local(t).untyped_storage()
             for t in tree_leaves(tree)
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+            if isinstance(t, torch.Tensor)
+            and t.device.type != "meta"
+            and not (isinstance(t, FakeTensor) and t.fake_mode is not self._fake)
         ]
 
     def _local(self, t: torch.Tensor) -> torch.Tensor:

@@ -193,3 +193,16 @@ def test_native_runtime_with_declared_shapes_is_refused_naming_the_fix(tiny):
     model, _, plan = tiny
     with pytest.raises(ShapeSpecError, match="runtime='interpreter'"):
         core.apply_plan(model, plan, runtime="native", shapes={"batch": [2]})
+
+
+def test_the_first_call_at_a_new_shape_is_measured_without_its_trace(tiny):
+    """A new shape is traced inside the first call, under a fake mode of its own: its fake
+    tensors are no memory, and the storage tracker does not count them (it counted 4x the
+    step's peak). The trace's real kernel probes stay below the step's peak here, so the
+    first call measures the step itself."""
+    model, inputs, plan = tiny
+    run = core.apply_plan(model, plan)
+    x = _batch(inputs, 5, 64)
+    peak, _, _ = measured_step(model, x, seed=3, run=run)  # traces and plans (5, 64) now
+    shape_plan = run.plan_for(*x).plan
+    assert peak == shape_plan.predicted_peak + SEED_BYTES
