@@ -1,5 +1,5 @@
 """Test session setup: a fresh block-options cache, sample models analysed once a session,
-the browser tests marked slow, and browser fixtures for pytest-playwright (Debian's chromium,
+browser tests marked slow, and browser fixtures for pytest-playwright (Debian's chromium,
 never a downloaded one)."""
 
 from __future__ import annotations
@@ -34,46 +34,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(os.environ["REMAT_CACHE"], ignore_errors=True)
 
 
-# Tests the fast tier leaves out besides those marked at their definition: each took 2-12 s
-# in a full run on this 2-core machine (2026-11-25, `pytest --durations`), mostly subprocesses,
-# whole-graph ILPs and the larger zoo models. `make test` runs them all.
-SLOW_TESTS = {
-    "test_solvers.py::test_first_highs_solve_prints_nothing_to_stdout",
-    "test_solvers.py::test_block_option_bounds_are_deterministic_and_noted",
-    "test_solvers.py::test_chain_plans_run_as_predicted[gpt-1layer-rockmate]",
-    "test_solvers.py::test_keep_set_search_stops_at_its_state_bound_and_says_so",
-    "test_imports.py::test_each_module_imports_alone",
-    "test_errors.py::test_cli_builder_that_raises_or_exits_is_named",
-    "test_errors.py::test_cli_debug_shows_traceback",
-    "test_moe.py::test_default_grouped_mm_experts_plan_and_run_exactly",
-    "test_app.py::test_app_reads_back_an_offload_plan",
-    "test_app.py::test_measure_here_runs_the_real_step_and_reads_it_back_per_program_step",
-    "test_tampered_plans.py::test_tampered_programs_in_files",
-    "test_nested.py::test_nested_options_run_the_blocks_forward_once_and_go_below_the_keep_set_search",
-    "test_zoo.py::test_zoo_plans_are_exact_with_keywords_and_an_outside_loss[hf-llama]",
-    "test_zoo.py::test_zoo_plans_are_exact_with_keywords_and_an_outside_loss[hf-vit]",
-    "test_zoo.py::test_the_plain_benchmarks_do_not_import_transformers",
-    "test_minimum.py::test_the_ilp_minimum_solves",
-    "test_offload.py::test_a_solved_vit_plan_offloads_and_runs_as_predicted",
-    "test_cli_models.py::test_console_script_imports_a_model_module_from_the_working_directory",
-    "test_cli_models.py::test_a_missing_model_module_says_where_it_looked",
-    "test_cli_models.py::test_a_missing_dependency_of_the_model_module_is_named",
-    "test_storage_sizes.py::test_a_loss_fn_runs_at_its_predicted_peak[bce]",
-    "test_solvers.py::test_whole_graph_ilp_reports_a_real_minimum",
-    "test_offload.py::test_the_greedy_pass_figures_every_try_as_the_walk_does[gpt-tiny-h100]",
-    "test_costs.py::test_identical_layers_are_timed_once",
-    "test_tampered_plans.py::test_edited_graph_metadata",
-    "test_zoo.py::test_zoo_offload_plans_are_exact_and_round_trip[hf-llama]",
-    "test_reorder.py::test_reordered_plans_run_with_eager_gradients_and_the_predicted_peak"
-    "[regnet-tiny-rockmate-None]",
-}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Browser tests and SLOW_TESTS are slow tests: `pytest -m "not slow"` leaves them out."""
+    """Browser tests are slow tests: `pytest -m "not slow"` leaves them out, with every test
+    marked `slow` at its definition (each took 2-12 s in a full run on this 2-core machine)."""
     for item in items:
-        name = f"{item.path.name}::{item.name}"
-        if item.get_closest_marker("browser") is not None or name in SLOW_TESTS:
+        if item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.slow)
 
 

@@ -119,6 +119,7 @@ def _reads(graph, first: list, second: list) -> bool:
     return bool(set(graph.ops[first[1]].outputs) & set(graph.ops[second[1]].inputs))
 
 
+@pytest.mark.slow
 def test_tampered_programs_in_files(gpt):
     model, inputs, problem, plan, want = gpt
     data = plan_to_data(plan)
@@ -199,6 +200,7 @@ def _two(shape: list, dtype: object, grad: object, n: int = 2) -> list:
     return [[list(shape), dtype, grad] for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_edited_graph_metadata(gpt):
     model, inputs, _, plan, want = gpt
     data = plan_to_data(plan)

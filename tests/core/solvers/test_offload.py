@@ -465,6 +465,7 @@ def test_a_value_offloaded_twice_runs_as_predicted(gpt):
     assert run.host_peak == twice.predicted_host_bytes == sim.host_peak
 
 
+@pytest.mark.slow
 def test_a_solved_vit_plan_offloads_and_runs_as_predicted():
     model, inputs = fresh("vit-tiny")
     problem = core.analyze(model, inputs)
@@ -479,7 +480,9 @@ def test_a_solved_vit_plan_offloads_and_runs_as_predicted():
     assert run.host_peak == plan.predicted_host_bytes
 
 
-@pytest.mark.parametrize("name, device", [("gpt-tiny", "cpu"), ("gpt-tiny", "h100")])
+@pytest.mark.parametrize(
+    "name, device", [("gpt-tiny", "cpu"), pytest.param("gpt-tiny", "h100", marks=pytest.mark.slow)]
+)
 def test_the_greedy_pass_figures_every_try_as_the_walk_does(name, device, monkeypatch):
     """The greedy pass ranks its tries by `TransferProbe`'s figures, not by walking them: on
     every program it evaluates (below its floor, so every base budget tries every candidate),

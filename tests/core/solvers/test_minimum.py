@@ -45,6 +45,7 @@ def test_minimum_budget_solves(problem, method):
     assert core.solve(problem, low, method).predicted_peak <= low
 
 
+@pytest.mark.slow
 def test_the_ilp_minimum_solves(problem):
     with pytest.raises(InfeasibleBudget) as info:
         core.solve(problem, int(problem.store_all_peak * 0.3), "checkmate")

@@ -13,7 +13,7 @@ import pytest
 
 from core.trace.model_call import ModelSpecError, resolve_builder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # What pip writes for `[project.scripts] remat = "app.cli:main"`: run as a file, it puts its
 # own folder, not the working directory, at sys.path[0].
@@ -60,6 +60,7 @@ def _remat(tmp_path: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_console_script_imports_a_model_module_from_the_working_directory(tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
@@ -69,6 +70,7 @@ def test_console_script_imports_a_model_module_from_the_working_directory(tmp_pa
     assert "mymods:build" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_missing_model_module_says_where_it_looked(tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
@@ -80,6 +82,7 @@ def test_a_missing_model_module_says_where_it_looked(tmp_path: Path):
     assert "nosuchmods.py" in err and "PYTHONPATH" in err
 
 
+@pytest.mark.slow
 def test_a_missing_dependency_of_the_model_module_is_named(tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()

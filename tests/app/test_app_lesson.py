@@ -12,7 +12,7 @@ from app import ids
 from bench.app import wait_ready
 
 pytestmark = pytest.mark.browser
-SHOTS = Path(__file__).resolve().parent.parent / (
+SHOTS = Path(__file__).resolve().parents[2] / (
     "docs/screenshots" if os.environ.get("REMAT_SCREENSHOTS") == "docs" else "test-results"
 )
 

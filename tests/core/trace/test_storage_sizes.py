@@ -63,7 +63,9 @@ def _plans(problem: core.Problem) -> list[core.Plan]:
     return [store_all_plan(problem), recompute]
 
 
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    "loss", [pytest.param(n, marks=pytest.mark.slow) if n == "bce" else n for n in LOSSES]
+)
 def test_a_loss_fn_runs_at_its_predicted_peak(loss):
     """The loss outside the model (`loss_fn`, as a diffusion training loop calls it)."""
     model, args, noise = _unet()

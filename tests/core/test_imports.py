@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
-CORE = Path(__file__).resolve().parent.parent / "core"
+CORE = Path(__file__).resolve().parents[2] / "core"
 
 
 def _module(path: Path) -> str:
@@ -72,6 +73,7 @@ def test_no_function_level_imports_of_core():
     assert not {k: v for k, v in hidden.items() if v}
 
 
+@pytest.mark.slow
 def test_each_module_imports_alone():
     """Each module imported first, with every `core` module forgotten before it, in one fresh
     interpreter (torch stays loaded: importing it per module would cost seconds each): a

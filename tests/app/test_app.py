@@ -326,6 +326,7 @@ def test_per_tensor_bands_sum_to_the_timeline_and_name_their_source():
     assert isinstance(peak_hint(plan.timeline), str)
 
 
+@pytest.mark.slow
 def test_measure_here_runs_the_real_step_and_reads_it_back_per_program_step():
     from app.measure import measure_plan
 
@@ -359,6 +360,7 @@ def test_step_reasons_name_the_backward_reader_and_the_price():
     assert any("the plan recomputes it there (" in w for w in whys)
 
 
+@pytest.mark.slow
 def test_app_reads_back_an_offload_plan():
     """An offload plan's step-through, per-tensor rows and graph colours: offloaded ops have
     their own fate, offload and prefetch steps their own sentences."""

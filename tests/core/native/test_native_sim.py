@@ -9,7 +9,9 @@ import copy
 import pytest
 import torch
 from helpers import SEED_BYTES
-from test_native import _case, _plans, _step
+from native_cases import case as _case
+from native_cases import plans as _plans
+from native_cases import step as _step
 from torch import nn
 
 import core

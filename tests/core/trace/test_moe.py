@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_zoo import _eager, _run_exactly
+from zoo_exact import eager as _eager
+from zoo_exact import run_exactly as _run_exactly
 
 import core
 from sample_models.hf_zoo import mixtral
@@ -15,6 +16,7 @@ from sample_models.hf_zoo import mixtral
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 
 
+@pytest.mark.slow
 def test_default_grouped_mm_experts_plan_and_run_exactly():
     case = mixtral(experts=None)
     assert case.model.config._experts_implementation == "grouped_mm"

@@ -69,6 +69,7 @@ def test_measure_leaves_threads_and_random_state_alone(gpt_tiny):
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.slow
 def test_identical_layers_are_timed_once():
     g = graph_of("gpt-small-6l")
     calls: list[tuple[int, int]] = []

@@ -23,6 +23,7 @@ def _footprint(dag: Dag, option) -> int:
     return max(option.stats.forward_peak, option.stats.backward_peak)
 
 
+@pytest.mark.slow
 def test_nested_options_run_the_blocks_forward_once_and_go_below_the_keep_set_search():
     """On the U-Net's skip block: every nested option's forward is the block's forward ops
     once, in order; the lowest footprint and the least kept are below what the keep-set

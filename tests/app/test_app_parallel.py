@@ -13,7 +13,7 @@ from app.callbacks import parallel as card
 from app.state import Studio
 from bench.app import wait_ready
 
-SHOTS = Path(__file__).resolve().parent.parent / (
+SHOTS = Path(__file__).resolve().parents[2] / (
     "docs/screenshots" if os.environ.get("REMAT_SCREENSHOTS") == "docs" else "test-results"
 )
 

@@ -144,7 +144,7 @@ except NotImplementedError as e:
     made = str(e)
 print(real, "torchvision" in sys.modules, made)
 """
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     real_used, kept, made = done.stdout.strip().split(" ", 2)

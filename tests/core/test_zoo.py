@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import SEED_BYTES, forced, zoo_step
+from zoo_exact import eager as _eager
+from zoo_exact import run_exactly as _run_exactly
 
 import bench.solvers
 import core
@@ -20,7 +22,6 @@ from app import cli
 from bench import MissingExtra
 from bench.solvers import zoo_builders, zoo_rows, zoo_table
 from core.errors import PlanMismatch
-from core.runtime import PlannedModule
 from core.simulator import OFFLOAD
 from core.validate import check_program
 from sample_models.hf_zoo import ZOO, ZooCase, gpt2_meta
@@ -55,7 +56,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 
 
 # the zoo's largest tiny models: their tests take 5-15 s each, so only `make test` runs them
-SLOW_ZOO = ("hf-bert", "hf-gpt2", "hf-mixtral", "hf-t5")
+SLOW_ZOO = ("hf-bert", "hf-gpt2", "hf-llama", "hf-mixtral", "hf-t5", "hf-vit")
 
 
 @pytest.fixture(
@@ -74,45 +75,6 @@ def _step(case: ZooCase, run=None, seed: int = 3) -> tuple[int, torch.Tensor, di
     """One training step from zero grads under a storage tracker: peak, loss, grads."""
     peak, _, loss, grads = zoo_step(case, run, seed)
     return peak, loss, grads
-
-
-@dataclass
-class Eager:
-    """What one eager step from the starting state gives: the reference a plan must equal."""
-
-    loss: torch.Tensor
-    grads: dict[str, torch.Tensor]
-    state: dict[str, torch.Tensor]  # parameters and buffers after the step
-    rng: torch.Tensor  # the random stream after the step
-
-
-def _eager(case: ZooCase, start: dict) -> Eager:
-    case.model.load_state_dict(start)
-    _, loss, grads = _step(case)
-    state = {k: v.clone() for k, v in case.model.state_dict().items()}
-    return Eager(loss, grads, state, torch.get_rng_state())
-
-
-def _run_exactly(
-    case: ZooCase, start: dict, plan: core.Plan, eager: Eager, steps: int = 1, **apply
-) -> PlannedModule:
-    """Run `plan` (apply_plan's keywords: `apply`) for `steps` steps of one planned module,
-    each from the starting state, and hold each to eager's step bit for bit and to its
-    predicted peak; returns the planned module (its `host_peak`: the last step's, measured;
-    its `plan`: the plan bound to the model)."""
-    run = core.apply_plan(case.model, plan, **apply)
-    for _ in range(steps):
-        case.model.load_state_dict(start)
-        peak, loss, grads = _step(case, run)
-        assert torch.equal(loss, eager.loss), plan.method
-        assert grads.keys() == eager.grads.keys()
-        for key, want in eager.grads.items():  # bit-identical: the same ops in the same order
-            assert torch.equal(grads[key], want), (plan.method, key)
-        for key, value in case.model.state_dict().items():
-            assert torch.equal(value, eager.state[key]), key
-        assert torch.equal(torch.get_rng_state(), eager.rng)
-        assert peak == plan.predicted_peak + SEED_BYTES, plan.method
-    return run
 
 
 def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(zoo):
@@ -261,6 +223,7 @@ def test_zoo_without_transformers_is_one_error_line(monkeypatch, capsys):
     assert out[0] == "the sample models' table" and out[1].startswith("zoo left out: ")
 
 
+@pytest.mark.slow
 def test_the_plain_benchmarks_do_not_import_transformers():
     """`remat bench --quick` runs on a plain install (.ci/run): the CLI and the benchmark
     modules load without transformers, which only the zoo imports."""
@@ -268,6 +231,6 @@ def test_the_plain_benchmarks_do_not_import_transformers():
         "import sys, app.cli, bench.compare, bench.solvers, sample_models\n"
         "assert 'transformers' not in sys.modules, 'transformers imported'\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -19,7 +19,7 @@ from core.errors import fmt_bytes
 
 pytestmark = pytest.mark.browser
 # screenshots go to test-results/ (ignored); REMAT_SCREENSHOTS=docs refreshes the README's
-SHOTS = Path(__file__).resolve().parent.parent / (
+SHOTS = Path(__file__).resolve().parents[2] / (
     "docs/screenshots" if os.environ.get("REMAT_SCREENSHOTS") == "docs" else "test-results"
 )
 SHOTS.mkdir(exist_ok=True)

@@ -126,6 +126,7 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_cli_builder_that_raises_or_exits_is_named(tmp_path):
     (tmp_path / "mybuilders.py").write_text(
         "import sys\n"
@@ -190,6 +191,7 @@ def test_cli_error_is_one_line_exit_2():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_debug_shows_traceback():
     result = _remat("--debug", "plan", "no-such-model", "--budget", "50%")
     assert result.returncode == 2
