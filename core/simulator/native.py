@@ -37,7 +37,7 @@ call that reads it copies it back first into a fresh device storage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.graph import Graph
@@ -54,6 +54,7 @@ class Checkpointed:
     nodes: frozenset[int]
     cached: frozenset[int]
     inputs: frozenset[int] = frozenset()
+    early_stop: bool = True  # False: the recompute runs the whole forward (torchtitan's)
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,15 @@ def native_program(
     dropped: dict[int, int] | None = None,
     offloaded: frozenset[int] = frozenset(),
     link: Link | None = None,
+    copied_back: Callable[[Call, int], int] | None = None,
 ) -> NativeProgram:
     """The native program of `graph` with `regions` checkpointed (the rules above).
     `dropped`: forward value -> the forward op after which the model's Python code drops it
     (`core.trace.lifetimes`); a value missing is dropped after its last forward read.
     `offloaded`: values made and read outside every region that saved-tensor hooks move to
-    the host, their copies timed over `link` (untimed without one)."""
+    the host, their copies timed over `link` (untimed without one). `copied_back(call, v)`:
+    the bytes of `v` a node call copies back (0: its node saved `v` unpacked), for hooks
+    that copy each saved view on its own (torchtune's); default: `v`'s storage, once."""
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     inplace = in_place_ops(graph)
@@ -153,8 +157,11 @@ def native_program(
             part = parts[owner[b]]
             part.saving.add(b)
             part.stop = max(part.stop, op_of[made])
+    for part, reg in zip(parts, regions):
+        if not reg.early_stop and part.stop >= 0:
+            part.stop = max(part.ops)
     builder = _Builder(graph, parts, owner, calls, dropped or {}, inplace, forward_ops)
-    return builder.build(_Offloads(offloaded, link))
+    return builder.build(_Offloads(offloaded, link, copied_back))
 
 
 def in_place_ops(graph: Graph) -> dict[int, int]:
@@ -235,6 +242,7 @@ class _Offloads:
 
     values: frozenset[int]
     link: Link | None
+    copied_back: Callable[[Call, int], int] | None = None
 
     def time(self, nbytes: int, to_host: bool) -> float:
         if self.link is None:
@@ -349,8 +357,14 @@ class _Builder:
         for b in call.ops:
             for v in graph.ops[b].inputs:
                 if v in offloads.values and v not in out:
+                    nbytes = self.sizes[v]
+                    if offloads.copied_back is not None:
+                        nbytes = offloads.copied_back(call, v)
+                        if not nbytes:
+                            continue
                     out[v] = self._new_value(v)
-                    time = offloads.time(self.sizes[v], False)
+                    self.sizes[out[v]] = nbytes
+                    time = offloads.time(nbytes, False)
                     self._extra(NativeOp((), (out[v],), time, graph.values[v].producer or 0))
         return out
 

@@ -1,0 +1,610 @@
+"""The strategies users already run, imported as native programs our simulator walks: what
+your current checkpointing costs, predicted before it runs, beside a step that runs it with
+the strategy's own code.
+
+Each strategy is a checkpoint policy or a saved-tensor hook, so the native simulation
+(`core.simulator.native`) predicts it exactly as it predicts our own native plans:
+
+- `hf_checkpointing`: Hugging Face's `gradient_checkpointing_enable()` (transformers 5:
+  `activation_checkpointing_enable`): non-reentrant `torch.utils.checkpoint` around each
+  decoder layer's `forward`, nothing saved inside, early stop on.
+- `torchtitan_selective`: torchtitan's op-level selective AC (`SelectiveAC`,
+  `torchtitan/distributed/activation_checkpoint.py` at b5bcd76): each transformer block
+  wrapped by `checkpoint_wrapper(early_stop=False)` with a policy saving the outputs of the
+  partitioner's compute-intensive ops (mm, addmm, bmm, baddbmm is not among them,
+  convolution, the flash/efficient SDPA kernels, `_scaled_mm`, upsample_bilinear2d),
+  `aten.linear`, `aten.max.default`, `topk`, the math/cuDNN/overrideable SDPA kernels and
+  flex attention, except every second `aten.mm`/`aten.linear` of the block (the 2nd,
+  4th, ... are recomputed), everything else recomputed.
+- `torchtune_offload`: torchtune's `OffloadActivations` (`torchtune/training/
+  _activation_offloading.py` at bd2a0fc): saved-tensor hooks around the model's forward that
+  copy every saved tensor of at least 1,024 bytes that is no `nn.Parameter` or buffer to the
+  host, and on unpack copy it back into a fresh device tensor, one per saved tensor, which
+  the node's formula drops when it returns; `model.output`, when the model has one, runs
+  under a no-op hook (its saved tensors stay). torchtune refuses a machine without an
+  accelerator, so on CPU its single-stream rule runs as a replica here, the host copy
+  outside the tracker's view (as `torch.autograd.graph.save_on_cpu` would be host memory).
+- `autosac`: PyTorch's automatic SAC (`torch.distributed._tools`): `SACEstimator` measures
+  each layer's ops, `sac_milp` picks per layer a fraction of activation memory to discard
+  under the budget, `get_optimal_checkpointing_policy_per_module` turns each fraction into
+  per-op save/recompute decisions, applied with non-reentrant checkpoint and
+  `create_selective_checkpoint_contexts` on each layer.
+
+torch.compile's `activation_memory_budget` is decided by the min-cut partitioner inside the
+compiled graph: no policy of ours reproduces it, so it is measured, never predicted
+(`bench/current.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._functorch.partitioners import get_default_op_list
+from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
+
+from core.errors import UnsupportedModel
+from core.graph import Phase
+from core.lowering import python_held
+from core.memory import host_copy
+from core.plan import Prediction
+from core.problem import Problem
+from core.simulator import COLUMNS
+from core.simulator.native import Checkpointed, NativeProgram, native_program
+from core.simulator.program import RUN, step_values
+from core.simulator.timeline import Step
+from core.simulator.walker import walk
+
+aten = torch.ops.aten
+
+# torchtitan: `_get_default_save_ops()` (torch 2.13's partitioner list plus its own)
+TITAN_SAVE = frozenset(
+    {
+        *(op.default for op in get_default_op_list().compute_intensive_ops),  # type: ignore[attr-defined]
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_attention_math.default,
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+        aten.max.default,
+        aten.linear.default,
+        aten.topk.default,
+    }
+)
+TITAN_MM = (aten.mm.default, aten.linear.default)  # counted: every second one recomputed
+TUNE_MIN_BYTES = 1024  # torchtune's min_offload_size default
+
+Mechanism = Callable[[nn.Module], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A strategy users run, applied to an analysed model: the regions it checkpoints (with
+    what each saves), the values it offloads, and the native program that predicts it.
+    `running(model)` is the strategy's own mechanism, active around the model's forward."""
+
+    key: str  # hf | torchtitan | torchtune | autosac
+    name: str
+    modules: tuple[str, ...]  # checkpointed submodules
+    regions: tuple[Checkpointed, ...]
+    offloaded: frozenset[int]
+    notes: tuple[str, ...]
+    prediction: Prediction
+    program: NativeProgram = field(repr=False, compare=False)
+    problem: Problem = field(repr=False, compare=False)
+    running: Mechanism = field(repr=False, compare=False)
+    bound: int | None = None  # auto-SAC: its own predicted peak bound, bytes
+
+    @property
+    def timeline(self) -> list[Step]:
+        """The native program's memory timeline, one `Step` per instruction (the app's data):
+        a recomputed op is a run of its graph op marked `recompute`."""
+        return native_timeline(self.problem, self.program)
+
+    def step(self, model: nn.Module) -> Callable[..., torch.Tensor]:
+        """A step `fn(*args, targets=(), **kwargs) -> loss` running the model under the
+        strategy's own mechanism, the loss (the problem's `loss_fn`) outside it; the caller
+        runs `loss.backward()`."""
+        loss_fn = self.problem.loss_fn
+
+        def run(*args: Any, targets: Sequence[torch.Tensor] = (), **kwargs: Any) -> torch.Tensor:
+            with self.running(model):
+                out = model(*args, **kwargs)
+            return out if loss_fn is None else loss_fn(out, *targets)
+
+        return run
+
+
+def native_timeline(problem: Problem, program: NativeProgram) -> list[Step]:
+    """A native program walked with a recording: live bytes by kind after each instruction
+    (the app's timeline data). A run past the graph's ops is a recompute of its source op
+    (marked `recompute`), a copy to the host (label "offload") or a copy back ("prefetch")."""
+    graph = problem.graph
+    kind_of = {v.index: COLUMNS.index(v.kind) for v in graph.values if v.kind in COLUMNS}
+    column = dict(kind_of)
+    for extra_op in program.ops[len(graph.ops) :]:  # a copy has its original's kind
+        originals = graph.ops[extra_op.source].outputs
+        for k, v in enumerate(extra_op.outputs):
+            column[v] = kind_of.get(originals[min(k, len(originals) - 1)], 0) if originals else 0
+    _, initial, arriving = step_values(graph)
+    walked = walk(
+        program.ops,
+        program.program,
+        program.backward_start,
+        program.sizes,
+        initial,
+        arriving,
+        graph.final_values,
+        column=column,
+        record=True,
+    )
+    out: list[Step] = []
+    for i, ((kind, target), live) in enumerate(zip(program.program, walked.columns)):
+        phase: Phase = "forward" if i < program.backward_start else "backward"
+        cols = (*live, *[0] * (len(COLUMNS) - len(live)))
+        if kind == RUN:
+            native = program.ops[target]
+            op = graph.ops[native.source]
+            extra = target >= len(graph.ops)
+            label = op.label
+            if extra and not native.inputs:
+                label = "prefetch"
+            elif extra and not native.outputs:
+                label = "offload"
+            recompute = extra and label == op.label
+            block = problem.block_of_op[op.index]
+            out.append(Step(i, kind, op.index, op.name, label, phase, block, recompute, *cols))
+        else:
+            name = graph.values[target].name if target < len(graph.values) else f"copy {target}"
+            out.append(Step(i, kind, target, name, "free", phase, -1, False, *cols))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Which layers a strategy wraps
+
+
+def decoder_layers(model: nn.Module) -> list[str]:
+    """The layers the strategies wrap, by path: a Hugging Face model's
+    `GradientCheckpointingLayer`s (what `gradient_checkpointing_enable()` checkpoints), else
+    the members of the `nn.ModuleList` whose repeated class holds the most parameters (a
+    transformer's blocks). UnsupportedModel when the model has neither."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        found = [n for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+        if found:
+            return found
+    except ImportError:  # transformers is optional
+        pass
+    best: tuple[int, list[str]] = (0, [])
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        kinds = {type(child) for child in module}
+        if len(kinds) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best[0]:
+            best = (size, [f"{name}.{i}" if name else str(i) for i in range(len(module))])
+    if not best[1]:
+        raise UnsupportedModel(
+            type(model).__name__,
+            "it has no decoder layers to checkpoint (no Hugging Face GradientCheckpointingLayer, "
+            "no nn.ModuleList of one repeated layer class)",
+        )
+    return best[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions: a checkpointed module and what its policy saves, in graph ops
+
+
+def _module_nodes(problem: Problem, module: str) -> list[int]:
+    """Traced forward nodes run inside `module` (or its children), in order."""
+    prefix = module + "."
+    return [
+        n.index
+        for n in problem.graph.trace.nodes
+        if n.role == "op"
+        and n.module is not None
+        and (n.module == module or n.module.startswith(prefix))
+    ]
+
+
+def policy_ops(problem: Problem, module: str) -> list[int]:
+    """The traced nodes a selective-checkpoint policy of `module` is asked about, in order:
+    its ATen ops less the ones SAC passes by (`SAC_IGNORED_OPS`)."""
+    nodes = problem.graph.trace.nodes
+    return [
+        n
+        for n in _module_nodes(problem, module)
+        if isinstance(nodes[n].target, torch._ops.OpOverload)
+        and nodes[n].target not in SAC_IGNORED_OPS
+    ]
+
+
+def region(
+    problem: Problem, module: str, saved: Sequence[bool] = (), early_stop: bool = True
+) -> Checkpointed:
+    """`module` run under checkpoint, its policy saving the `policy_ops` marked in `saved`
+    (none when empty): the graph ops whose results its cache holds."""
+    graph = problem.graph
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    order = policy_ops(problem, module)
+    if saved and len(saved) != len(order):
+        raise ValueError(f"{module}: {len(saved)} decisions for {len(order)} policy ops")
+    cached = frozenset(op_of[n] for n, s in zip(order, saved) if s and n in op_of)
+    inputs = python_held(problem).passed.get(module, frozenset())
+    nodes = frozenset(_module_nodes(problem, module))
+    return Checkpointed(nodes, cached, inputs, early_stop=early_stop)
+
+
+def _imported(
+    problem: Problem,
+    key: str,
+    name: str,
+    modules: Sequence[str],
+    regions: Sequence[Checkpointed],
+    running: Mechanism,
+    offloaded: frozenset[int] = frozenset(),
+    notes: Sequence[str] = (),
+    bound: int | None = None,
+) -> Imported:
+    """The strategy's native program, walked: its prediction."""
+    held = python_held(problem)
+    program = native_program(problem.graph, list(regions), held.dropped, offloaded, problem.link)
+    walked = program.walk(problem.graph)
+    base = problem.store_all_time
+    prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
+    return Imported(
+        key,
+        name,
+        tuple(modules),
+        tuple(regions),
+        offloaded,
+        tuple(notes),
+        prediction,
+        program,
+        problem,
+        running,
+        bound,
+    )
+
+
+def _model(problem: Problem) -> nn.Module:
+    model = problem.model_ref() if problem.model_ref is not None else None
+    if model is None:
+        raise UnsupportedModel(
+            problem.name, "the analysed model is gone: keep a reference to it while importing"
+        )
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face gradient checkpointing
+
+
+def hf_checkpointing(problem: Problem) -> Imported:
+    """Hugging Face's `gradient_checkpointing_enable()`: each decoder layer's forward under
+    non-reentrant checkpoint (transformers' default), nothing saved inside. On a model that
+    is no `PreTrainedModel`, the same wrap on its repeated layers."""
+    layers = decoder_layers(_model(problem))
+    regions = [region(problem, m) for m in layers]
+    return _imported(
+        problem,
+        "hf",
+        "Hugging Face gradient checkpointing",
+        layers,
+        regions,
+        functools.partial(_hf_running, layers=tuple(layers)),
+    )
+
+
+@contextmanager
+def _hf_running(model: nn.Module, layers: tuple[str, ...]) -> Iterator[None]:
+    """transformers' own `activation_checkpointing_enable()` (or `gradient_checkpointing_
+    enable()`) on a `PreTrainedModel`, disabled again after the forward (the checkpoints
+    made keep their recompute); elsewhere its wrap: `checkpoint(partial(forward, self,
+    **kwargs), *args, use_reentrant=False)` on each layer's forward."""
+    enable: Any = getattr(model, "activation_checkpointing_enable", None) or getattr(
+        model, "gradient_checkpointing_enable", None
+    )
+    if enable is not None and getattr(model, "supports_gradient_checkpointing", False):
+        enable()
+        names = ("activation_checkpointing_disable", "gradient_checkpointing_disable")
+        disable: Any = next(getattr(model, n) for n in names if hasattr(model, n))
+        try:
+            yield
+        finally:
+            disable()
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    def wrap(module: nn.Module) -> Callable[..., Any]:
+        forward = type(module).forward
+
+        def checkpointed(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(
+                functools.partial(forward, module, **kwargs), *args, use_reentrant=False
+            )
+
+        return checkpointed
+
+    with _forwards(model, layers, wrap):
+        yield
+
+
+@contextmanager
+def _forwards(
+    model: nn.Module, layers: Sequence[str], wrap: Callable[[nn.Module], Callable[..., Any]]
+) -> Iterator[None]:
+    """Each layer's forward replaced by `wrap(layer)` for the duration."""
+    modules = [model.get_submodule(name) for name in layers]
+    for m in modules:
+        m.forward = wrap(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m.forward
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan's selective op policy
+
+
+def titan_saves(targets: Sequence[Any]) -> list[bool]:
+    """torchtitan's decisions for one block's ops in order: save an op in `TITAN_SAVE`,
+    except every second `aten.mm`/`aten.linear` (its mm count even)."""
+    count, out = 0, []
+    for func in targets:
+        if func in TITAN_MM:
+            count += 1
+        out.append(func in TITAN_SAVE and not (func in TITAN_MM and count % 2 == 0))
+    return out
+
+
+def titan_policy() -> Callable[..., CheckpointPolicy]:
+    """torchtitan's `_get_custom_policy()` (default config: no forced-recompute shapes; its
+    CUDA-to-CPU `_to_copy` rule never fires on CPU): a fresh counter per block call,
+    forward and recompute counted apart."""
+    meta = {"forward_mm_count": 0, "recompute_mm_count": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if (
+            func == aten._to_copy.default
+            and "cuda" in str(args[0].device)
+            and "device" in kwargs
+            and str(kwargs["device"]) == "cpu"
+        ):
+            return CheckpointPolicy.MUST_SAVE
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func in TITAN_MM:
+            meta[key] += 1
+        if func in TITAN_SAVE:
+            if func in TITAN_MM and meta[key] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def torchtitan_selective(problem: Problem) -> Imported:
+    """torchtitan's selective op AC on each decoder layer (`checkpoint_wrapper`,
+    `early_stop=False`, `preserve_rng_state=True`)."""
+    layers = decoder_layers(_model(problem))
+    nodes = problem.graph.trace.nodes
+    regions = [
+        region(
+            problem,
+            m,
+            titan_saves([nodes[n].target for n in policy_ops(problem, m)]),
+            early_stop=False,
+        )
+        for m in layers
+    ]
+    return _imported(
+        problem,
+        "torchtitan",
+        "torchtitan selective op AC",
+        layers,
+        regions,
+        functools.partial(_wrapped_running, layers=tuple(layers), policies=None),
+    )
+
+
+@contextmanager
+def _wrapped_running(
+    model: nn.Module,
+    layers: tuple[str, ...],
+    policies: dict[str, Callable[[], Callable[..., CheckpointPolicy]]] | None,
+) -> Iterator[None]:
+    """Each layer swapped for PyTorch's `checkpoint_wrapper` of it, as torchtitan's
+    `SelectiveAC._wrap_block` makes it (with `policies[layer]` for auto-SAC), and swapped
+    back after the forward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    swapped = []
+    for name in layers:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        layer = parent.get_submodule(child)
+        make = titan_policy if policies is None else policies[name]
+        wrapped = checkpoint_wrapper(
+            layer,
+            context_fn=lambda make=make: create_selective_checkpoint_contexts(make()),
+            preserve_rng_state=True,
+            determinism_check="default",
+            early_stop=False if policies is None else True,
+        )
+        parent.register_module(child, wrapped)
+        swapped.append((parent, child, layer))
+    try:
+        yield
+    finally:
+        for parent, child, layer in swapped:
+            parent.register_module(child, layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtune's activation offloading
+
+
+def torchtune_offload(problem: Problem) -> Imported:
+    """torchtune's `OffloadActivations` around the model's forward: every saved tensor of
+    at least `TUNE_MIN_BYTES` that is no parameter or buffer goes to the host when autograd
+    saves it and comes back, one fresh device copy per saved tensor, when its node runs
+    (`model.output`, when the model has one, excepted, as `get_act_offloading_ctx_manager`
+    does). No layer is checkpointed."""
+    model = _model(problem)
+    graph = problem.graph
+    nodes = graph.trace.nodes
+    skip = "output" if isinstance(getattr(model, "output", None), nn.Module) else None
+    maker: dict[int, int] = {}  # seq_nr -> the forward node that made the autograd node
+    for node in nodes:
+        if node.role == "op" and node.module is not None:
+            maker.setdefault(node.seq_nr, node.index)
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    forward = {n for op in graph.ops if op.phase == "forward" for n in op.nodes}
+
+    def packed(n: int) -> bool:
+        node = nodes[n]
+        if node.role == "input":
+            return _bytes(node) >= TUNE_MIN_BYTES
+        return node.role == "op" and n in forward and _bytes(node) >= TUNE_MIN_BYTES
+
+    saved: dict[tuple[int, int], set[int]] = {}  # (first op of a call, value) -> packed nodes
+    whole: set[tuple[int, int]] = set()  # ... read unpacked too: autograd holds the original
+    from core.simulator.native import backward_calls, in_place_ops
+
+    calls = backward_calls(graph, frozenset(in_place_ops(graph).values()))
+    for call in calls:
+        made = maker.get(call.seq_nr)
+        inside = made is not None and not call.stale and not _under(nodes[made].module, skip)
+        for b in call.ops:
+            for bn in graph.ops[b].nodes:
+                for n in nodes[bn].reads:
+                    if n in op_of and graph.ops[op_of[n]].phase == "backward":
+                        continue
+                    if not nodes[n].storages:
+                        continue
+                    v = nodes[n].storages[0]
+                    key = (call.ops[0], v)
+                    if inside and packed(n):
+                        saved.setdefault(key, set()).add(n)
+                    else:
+                        whole.add(key)
+    back = {k: sum(_bytes(nodes[n]) for n in ns) for k, ns in saved.items() if k not in whole}
+
+    def copied_back(call: Any, v: int) -> int:
+        return back.get((call.ops[0], v), 0)
+
+    offloaded = frozenset(v for _, v in back)
+    held = python_held(problem)
+    program = native_program(
+        graph, [], held.dropped, offloaded, problem.link, copied_back=copied_back
+    )
+    walked = program.walk(graph)
+    base = problem.store_all_time
+    notes = (
+        []
+        if skip
+        else [
+            "no `output` head: torchtune offloads the LM head's saved tensors too "
+            "(get_act_offloading_ctx_manager warns of it)"
+        ]
+    )
+    return Imported(
+        "torchtune",
+        "torchtune activation offloading",
+        (),
+        (),
+        offloaded,
+        tuple(notes),
+        Prediction(walked.peak, walked.time, walked.time / base if base else 1.0),
+        program,
+        problem,
+        functools.partial(_tune_running, skip=skip),
+    )
+
+
+def _under(module: str | None, prefix: str | None) -> bool:
+    return (
+        prefix is not None
+        and module is not None
+        and (module == prefix or module.startswith(prefix + "."))
+    )
+
+
+def _bytes(node: Any) -> int:
+    """Bytes of a traced node's (first) tensor as a saved tensor: numel x item size."""
+    spec = node.specs[0]
+    numel = 1
+    for d in spec.shape:
+        numel *= d
+    return numel * torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
+
+
+class TuneOffload(torch.autograd.graph.saved_tensors_hooks):
+    """torchtune's `OffloadActivations` single-stream path (`use_streams=False`), for a
+    machine torchtune refuses (no accelerator): a saved tensor of at least `min_bytes` that
+    is no parameter or buffer is copied to host memory the tracker does not see
+    (`empty_like` + `copy_`, pinned on CUDA) and, when unpacked, copied back into a fresh
+    device tensor; the rest is kept as it is."""
+
+    def __init__(self, min_bytes: int = TUNE_MIN_BYTES) -> None:
+        self.tracker: dict[int, tuple[torch.Tensor, bool, torch.device]] = {}
+        self.next_id = 0
+
+        def pack(activation: torch.Tensor) -> int:
+            self.next_id += 1
+            nbytes = activation.element_size() * activation.nelement()
+            if nbytes >= min_bytes and not isinstance(activation, (nn.Parameter, nn.Buffer)):
+                self.tracker[self.next_id] = (host_copy(activation), True, activation.device)
+            else:
+                self.tracker[self.next_id] = (activation, False, activation.device)
+            return self.next_id
+
+        def unpack(tensor_id: int) -> torch.Tensor:
+            tensor, modified, device = self.tracker.pop(tensor_id)
+            if not modified:
+                return tensor
+            out = torch.empty_like(tensor, device=device)
+            out.copy_(tensor)
+            return out
+
+        super().__init__(pack, unpack)
+
+
+@contextmanager
+def _tune_running(model: nn.Module, skip: str | None) -> Iterator[None]:
+    """torchtune's own `OffloadActivations` on an accelerator it accepts (when installed),
+    else its single-stream replica; `model.output` under a no-op hook, as torchtune does."""
+    hooks: Any = TuneOffload()
+    if next(model.parameters()).device.type != "cpu":
+        try:
+            from torchtune.training import OffloadActivations
+
+            hooks = OffloadActivations(use_streams=False)
+        except ImportError:
+            pass
+    handles = []
+    if skip is not None:
+        noop = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        head = model.get_submodule(skip)
+        handles = [
+            head.register_forward_pre_hook(lambda *a: noop.__enter__()),
+            head.register_forward_hook(lambda *a: noop.__exit__(), always_call=True),
+        ]
+    try:
+        with hooks:
+            yield
+    finally:
+        for h in handles:
+            h.remove()
