@@ -5,15 +5,16 @@ trace each batch on fake tensors, and `core.solve`)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import core
+from app.cache import check_cancelled
 from app.figures.axes import legend_below
 from app.figures.palette import BACKGROUND, BUDGET_COLOR, METHOD_COLORS
 from core.errors import fmt_bytes
 from core.fit import BatchProblems
 from core.footprint import optimizer_bytes
-from core.trace.model_call import ModelCall
 
 BATCHES = (1, 2, 4, 8, 16)  # each one a trace and a solve: seconds on the tiny models
 GIB = 1 << 30
@@ -29,17 +30,24 @@ class BatchRow:
 
 
 def batch_rows(
-    call: ModelCall, device: str, method: str, fraction: float, batches=BATCHES
+    probe: BatchProblems,
+    method: str,
+    fraction: float,
+    batches=BATCHES,
+    lock: AbstractContextManager | None = None,
 ) -> tuple[list[BatchRow], list[tuple[int, str]]]:
     """Each batch size's footprint, eager and `method` at `fraction` of that batch's
     store-all peak (the budget slider's meaning), and the batch sizes whose step does not
     trace, with why (batch-norm in training needs two samples: a batch of 1 is refused).
-    Raises the first refusal when no batch size traces."""
-    probe = BatchProblems(call, None, device)
+    `probe` keeps each batch's trace, so another budget only solves again; each trace is
+    taken under `lock` (tracing patches process-wide state). Raises the first refusal when
+    no batch size traces."""
     rows, refused = [], []
     for b in batches:
+        check_cancelled()
         try:
-            problem = probe.problem(b)
+            with lock or nullcontext():
+                problem = probe.problem(b)
         except core.UnsupportedModel as e:
             refused.append((b, str(e).split(": check that")[0]))
             if len(refused) == len(batches):

@@ -327,11 +327,13 @@ def _graph_card():
     ]
 
 
-def _plot(id_: str, height: int) -> dcc.Graph:
-    """An empty zoomable figure the callbacks fill (no lasso or box select: nothing to select)."""
+def _plot(id_: str, height: int, own_busy: bool = False) -> dcc.Graph:
+    """An empty zoomable figure the callbacks fill (no lasso or box select: nothing to select).
+    `own_busy`: it shows its own busy sign while stale, not the page's (assets/app.js)."""
     return dcc.Graph(
         id=id_,
-        className="view plot",  # its figure's layout.meta.for: the controls it was drawn for
+        # its figure's layout.meta.for: the controls it was drawn for
+        className="view plot own-busy" if own_busy else "view plot",
         figure=empty_figure(height),
         config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]},
     )
@@ -443,7 +445,7 @@ def _tradeoff_card():
         html.P("Click a point to set the budget.", className="hint"),
         dcc.Graph(
             id=ids.TRADEOFF,
-            className="view plot",
+            className="view plot own-busy",  # its own busy sign: the budget does not move it
             figure=empty_figure(300),
             config={"displaylogo": False, "displayModeBar": False},
         ),
@@ -466,7 +468,7 @@ def _export_card():
             "job), against the device's memory.",
             className="hint",
         ),
-        _plot(ids.BATCH_FIG, 260),
+        _plot(ids.BATCH_FIG, 260, own_busy=True),
         html.P(id=ids.BATCH_TEXT, className="hint"),
         html.H2("Use this plan"),
         html.P("Download the plan on screen and apply it in your training script:"),

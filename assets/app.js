@@ -46,7 +46,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
 // plus "|budget%" for the views of one plan. Before every paint (each animation frame, and
 // at once on any change to the page) it compares them with the controls as shown, and while
 // any view differs it shows the one busy bar (body[data-busy]) and dims the views, so no
-// frame shows content under controls it was not drawn for.
+// frame shows content under controls it was not drawn for. A view of class "own-busy" (the
+// trade-off curves, memory against batch: seconds of work that no budget move needs) is
+// instead dimmed alone under its own busy sign (data-refreshing), so the page stays live.
 (function () {
   const shown = (id) => {
     const e = document.querySelector("#" + id + "-value .dash-dropdown-value-item");
@@ -87,16 +89,23 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     const error = document.getElementById("error");
     const failed = !!(error && !error.hidden && error.getAttribute("data-for") === want.ctx);
     const stale = [];
-    if (!failed) {
-      document.querySelectorAll(".view").forEach((v) => {
-        const got = drawnFor(v);
-        const expect = got.split("|").length === 5 ? want.plan : want.ctx;
-        // a view drawn for a number of devices (data-devices) also follows that control
-        const devices = v.getAttribute("data-devices");
-        const other = devices !== null && want.devices !== null && devices !== want.devices;
-        if (got !== expect || got === "" || other) { stale.push(NAMES[v.id] || v.id); }
-      });
-    }
+    document.querySelectorAll(".view").forEach((v) => {
+      const got = drawnFor(v);
+      const expect = got.split("|").length === 5 ? want.plan : want.ctx;
+      // a view drawn for a number of devices (data-devices) also follows that control
+      const devices = v.getAttribute("data-devices");
+      const other = devices !== null && want.devices !== null && devices !== want.devices;
+      const old = !failed && (got !== expect || got === "" || other);
+      if (v.classList.contains("own-busy")) {
+        // a view that does not follow the budget (the curves, memory against batch) and
+        // takes seconds: its own busy sign, never the page's
+        const sign = old ? "updating " + (NAMES[v.id] || v.id) + "\u2026" : null;
+        if (v.getAttribute("data-refreshing") !== sign) {
+          if (sign === null) { v.removeAttribute("data-refreshing"); }
+          else { v.setAttribute("data-refreshing", sign); }
+        }
+      } else if (old) { stale.push(NAMES[v.id] || v.id); }
+    });
     const body = document.body;
     const busy = stale.length > 0;
     if (busy !== body.hasAttribute("data-busy")) { body.toggleAttribute("data-busy", busy); }

@@ -1,38 +1,37 @@
 """`remat bench --app`: the app's latency in headless Chromium, and the page-driving it needs.
 
-Measures (1) opening the app on gpt-tiny to a usable page (timeline drawn) from the start of
-a `serve()` process (imports included), and (2) on gpt2-small, a budget-slider key press to
-the updated timeline painted (plotly's afterplot, then the next animation frame), median of
-`moves` presses. Needs playwright (the `bench` extra: `pip install '.[bench]'`) and Debian's
-chromium (`apt-get install chromium`). The browser tests drive pages with the same helpers.
+Two measures, each taken on one or two servers side by side (`roots`: this checkout, and for
+a before/after table an older checkout, e.g. one made with `git worktree add`):
+
+- a budget-slider release (a key press on the slider) to the timeline redrawn for the new
+  budget (plotly's afterplot, then the next animation frame), and to the page un-dimmed (the
+  watcher's `data-busy` off, the numbers drawn for the new budget), on each of `models`;
+- a model switch to the first timeline drawn for the new model, and to the page un-dimmed.
+
+With two roots, the moves and switches alternate between the two pages (one browser, two
+servers, each with an empty options cache of its own), so both see the same machine load.
+Needs playwright (the `bench` extra: `pip install '.[bench]'`) and Debian's chromium
+(`apt-get install chromium`). The browser tests drive pages with the same helpers.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench import MissingExtra
 
-READY_JS = """() => { const g = document.querySelector('#timeline .js-plotly-plot');
-  return !!(g && g.data && g.data.length > 3 && g.layout.meta && g.layout.meta.budget_pct); }"""
-
-# Resolves when the timeline is painted with the figure for budget `pct` (layout.meta).
-PAINTED_JS = """(pct) => { window.__painted = new Promise(resolve => {
-  const gd = document.querySelector('#timeline .js-plotly-plot');
-  const done = () => requestAnimationFrame(() => requestAnimationFrame(
-      () => resolve(performance.now())));
-  const check = () => {
-    if (gd.layout.meta && gd.layout.meta.budget_pct === pct) { gd.removeListener('plotly_afterplot', check); done(); }
-  };
-  gd.on('plotly_afterplot', check);
-}); }"""
+ROOT = Path(__file__).resolve().parent.parent
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -43,6 +42,57 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+# Arms `window.__move`: resolves with {timeline, undimmed} (ms from the next keydown) once the
+# timeline is painted for budget `pct` and then the page shows no busy bar with the numbers
+# drawn for `pct`.
+MOVE_JS = """(pct) => {
+  let t0 = null;
+  document.addEventListener('keydown', () => { t0 = performance.now(); },
+    {once: true, capture: true});
+  const gd = document.querySelector('#timeline .js-plotly-plot');
+  window.__move = new Promise(resolve => {
+    const out = {};
+    const frame = () => {
+      if (t0 !== null) {
+        const now = performance.now();
+        if (out.timeline === undefined && gd.layout.meta && gd.layout.meta.budget_pct === pct) {
+          out.timeline = now - t0;
+        }
+        const num = document.getElementById('numbers').getAttribute('data-for') || '';
+        if (out.timeline !== undefined && !document.body.hasAttribute('data-busy')
+            && num.endsWith('|' + pct)) {
+          out.undimmed = now - t0; resolve(out); return;
+        }
+      }
+      requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+  });
+}"""
+
+# Arms `window.__switch`: {timeline, undimmed} in ms after the call, for `model`.
+SWITCH_JS = """(model) => {
+  const t0 = performance.now();
+  window.__switch = new Promise(resolve => {
+    const out = {};
+    const frame = () => {
+      const now = performance.now();
+      const gd = document.querySelector('#timeline .js-plotly-plot');
+      const f = gd && gd.layout && gd.layout.meta ? gd.layout.meta.for || '' : '';
+      if (out.timeline === undefined && f.startsWith(model + '|') && gd.data.length > 3) {
+        out.timeline = now - t0;
+      }
+      const t = document.querySelector('#intro b');
+      if (out.timeline !== undefined && !document.body.hasAttribute('data-busy')
+          && t && t.textContent === model) {
+        out.undimmed = now - t0; resolve(out); return;
+      }
+      requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+  });
+}"""
 
 
 def choose(page, dropdown_id: str, value: str) -> None:
@@ -61,70 +111,146 @@ def wait_ready(page, model: str, timeout_ms: float = 300_000) -> None:
     )
 
 
+def wait_calm(page, timeout_ms: float = 300_000) -> None:
+    """Until the page shows no busy bar."""
+    page.wait_for_function(
+        "() => !document.body.hasAttribute('data-busy')", timeout=timeout_ms, polling="raf"
+    )
+
+
+def wait_idle(page, timeout_ms: float = 300_000) -> None:
+    """Until Dash's renderer has no callback in flight (its store's isLoading)."""
+    page.wait_for_function(
+        "() => { const s = window.dash_stores && window.dash_stores[0];"
+        " return !!s && !s.getState().isLoading; }",
+        timeout=timeout_ms,
+    )
+
+
 def slider_value(page) -> float:
     return float(page.locator("#budget [role=slider]").get_attribute("aria-valuenow"))
 
 
 def bench_app(
-    model: str = "gpt2-small", moves: int = 15, chromium: str | None = None, pages: int = 1
+    models: Sequence[str] = ("gpt-tiny", "gpt2-small"),
+    moves: int = 10,
+    switches: Sequence[str] = (),
+    before: str | Path | None = None,
+    chromium: str | None = None,
 ) -> dict:
-    """Open the app (time to usable page on gpt-tiny), then time slider moves on `model`.
+    """Slider moves on each of `models` and model switches to each of `switches`, on this
+    checkout's app ("after") and, with `before`, on that checkout's too, alternating.
 
-    With `pages` > 1, that many pages are opened at once first (a class opening one link)
-    and the moves are timed in the last while the others stay open.
-    Returns {"open_s", "model", "analyse_s", "move_ms": [...], "median_ms", "method", "pages"}.
+    Returns {"slider": {version: {model: [(timeline_ms, undimmed_ms), ...]}},
+    "switch": {version: {model: (timeline_s, undimmed_s)}}}.
     """
     sync_playwright = _playwright()
     path = chromium or shutil.which("chromium") or "/usr/bin/chromium"
+    roots = {"after": ROOT, **({"before": Path(before)} if before else {})}
+    out: dict = {"slider": {v: {} for v in roots}, "switch": {v: {} for v in roots}}
+    with ExitStack() as stack, sync_playwright() as p:
+        urls = {v: stack.enter_context(served(root)) for v, root in roots.items()}
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        pages = {}
+        for v, url in urls.items():
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(600_000)
+            page.goto(url, wait_until="commit")
+            pages[v] = page
+        for page in pages.values():
+            wait_ready(page, "gpt-tiny", 600_000)
+        for model in models:
+            for page in pages.values():
+                if model != "gpt-tiny":
+                    choose(page, "model", model)
+                    wait_ready(page, model, 600_000)
+                wait_calm(page, 600_000)
+                page.locator("#budget [role=slider]").focus()
+            for v in pages:
+                out["slider"][v][model] = []
+            for i in range(moves):
+                key = "ArrowLeft" if i % 4 < 2 else "ArrowRight"
+                for v, page in pages.items():
+                    target = slider_value(page) + (-0.5 if key == "ArrowLeft" else 0.5)
+                    page.evaluate(MOVE_JS, target)
+                    page.keyboard.press(key)
+                    got = page.evaluate("() => window.__move")
+                    out["slider"][v][model].append(
+                        (round(got["timeline"], 1), round(got["undimmed"], 1))
+                    )
+                    wait_calm(page)
+        for model in switches:
+            for v, page in pages.items():
+                wait_calm(page, 600_000)
+                page.evaluate(SWITCH_JS, model)
+                choose(page, "model", model)
+                got = page.evaluate("() => window.__switch")
+                out["switch"][v][model] = (
+                    round(got["timeline"] / 1e3, 1),
+                    round(got["undimmed"] / 1e3, 1),
+                )
+        browser.close()
+    return out
+
+
+def app_table(result: dict) -> str:
+    """`bench_app`'s result as markdown tables: median and worst per model and version."""
+    lines = [
+        "| model | version | release → timeline, median (worst) | release → page un-dimmed, "
+        "median (worst) |",
+        "|---|---|---|---|",
+    ]
+    models = {m for per in result["slider"].values() for m in per}
+    for model in sorted(models):
+        for v, per in sorted(result["slider"].items(), reverse=True):
+            if model not in per:
+                continue
+            tl = [t for t, _ in per[model]]
+            ud = [u for _, u in per[model]]
+            lines.append(
+                f"| {model} | {v} | {statistics.median(tl):.0f} ms ({max(tl):.0f}) | "
+                f"{statistics.median(ud):.0f} ms ({max(ud):.0f}) |"
+            )
+    switches = result["switch"]
+    if any(switches.values()):
+        versions = sorted(switches, reverse=True)
+        lines += [
+            "",
+            "| model | "
+            + " | ".join(f"{v}: first timeline | {v}: un-dimmed" for v in versions)
+            + " |",
+            "|---|" + "---|---|" * len(versions),
+        ]
+        for model in next(iter(switches.values())):
+            cells = [f"{switches[v][model][0]} s | {switches[v][model][1]} s" for v in versions]
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@contextmanager
+def served(root: Path) -> Iterator[str]:
+    """`remat app`'s server from the checkout at `root`, on a free port, with an options
+    cache of its own: its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/"
-    start = time.perf_counter()
-    server = subprocess.Popen(  # what `remat app` runs, in its own process
+    cache = tempfile.mkdtemp(prefix="remat-bench-cache-")
+    env = {**os.environ, "PYTHONPATH": str(root), "REMAT_CACHE": cache}
+    server = subprocess.Popen(
         [sys.executable, "-c", f"from app.server import serve; serve(port={port})"],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=root,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    result: dict = {"model": model, "pages": pages}
+    url = f"http://127.0.0.1:{port}/"
     try:
         _wait_http(url, server)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-            others = [
-                browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in range(pages - 1)
-            ]
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            for p in [*others, page]:
-                p.goto(url, wait_until="commit")
-            for p in [*others, page]:
-                wait_ready(p, "gpt-tiny", 180_000)
-            result["open_s"] = round(time.perf_counter() - start, 2)
-            t = time.perf_counter()
-            choose(page, "model", model)
-            wait_ready(page, model)
-            result["analyse_s"] = round(time.perf_counter() - t, 2)
-            result["method"] = page.locator("#method").inner_text()
-            slider = page.locator("#budget [role=slider]")
-            slider.focus()
-            times = []
-            for i in range(moves):
-                key = "ArrowLeft" if i % 4 < 2 else "ArrowRight"
-                before = slider_value(page)
-                target = before - 0.5 if key == "ArrowLeft" else before + 0.5
-                page.evaluate(PAINTED_JS, target)
-                t0 = page.evaluate("() => performance.now()")
-                page.keyboard.press(key)
-                t1 = page.evaluate("() => window.__painted")
-                times.append(round(t1 - t0, 1))
-            result["move_ms"] = times
-            result["median_ms"] = statistics.median(times)
-            browser.close()
+        yield url
     finally:
         server.terminate()
         server.wait(10)
-    return result
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _playwright():
@@ -139,7 +265,7 @@ def _playwright():
     return sync_playwright
 
 
-def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+def _wait_http(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
         if process.poll() is not None:
@@ -153,4 +279,8 @@ def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None
 
 
 if __name__ == "__main__":
-    print(bench_app(pages=int(sys.argv[1]) if len(sys.argv) > 1 else 1))
+    before = sys.argv[1] if len(sys.argv) > 1 else None
+    switches = sys.argv[2].split(",") if len(sys.argv) > 2 else ()
+    result = bench_app(before=before, switches=switches)
+    print(result)
+    print(app_table(result))

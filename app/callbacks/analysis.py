@@ -14,6 +14,7 @@ from app import figures, ids
 from app.cache import Cancelled
 from app.callbacks.common import block_graph, context_sig, fmt, plain_error, stamp
 from app.explain import link_text
+from app.figures.axes import empty_figure
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, STEP_OPTIONS, Studio, base_key
 from app.words import intro
@@ -91,8 +92,6 @@ def register(app: Dash, studio: Studio) -> None:
             "intro": Output(ids.INTRO, "children"),
             "graph": Output(ids.GRAPH, "elements"),
             "open": Output(ids.GRAPH_OPEN, "data"),
-            "tradeoff": Output(ids.TRADEOFF, "figure"),
-            "note": Output(ids.TRADEOFF_NOTE, "children"),
         },
         inputs=[Input(ids.CONTEXT, "data")],
         state=[State(ids.BUDGET, "value"), State(ids.METHOD, "value")],
@@ -107,11 +106,7 @@ def register(app: Dash, studio: Studio) -> None:
                 "error_hidden": False,
                 "error_for": context["for"],
                 **dict.fromkeys(
-                    (
-                        *("methods", "low", "marks", "budget", "intro", "graph", "open"),
-                        *("tradeoff", "note"),
-                    ),
-                    no_update,
+                    ("methods", "low", "marks", "budget", "intro", "graph", "open"), no_update
                 ),
                 **dict.fromkeys(("intro_for", "graph_for"), no_update),
             }
@@ -121,6 +116,30 @@ def register(app: Dash, studio: Studio) -> None:
             # every later `prepare` request while one ran (a device changed meanwhile was lost)
             set_props(ids.METHOD, {"value": context["method"]})
         return context_view(studio, context, value)
+
+    @app.callback(
+        Output(ids.TRADEOFF, "figure"),
+        Output(ids.TRADEOFF_NOTE, "children"),
+        Input(ids.CONTEXT, "data"),
+        State(ids.BUDGET, "value"),
+        background=True,
+        interval=250,
+        prevent_initial_call=True,
+    )
+    def draw_curves(context, value):
+        """The trade-off curves of the analysis on screen, after its first timeline: the
+        method's, the baselines' and (offloading on) remat+offload's, one solve per point.
+        The chart shows its own busy sign meanwhile (assets/app.js), never the page's; a
+        newer analysis replaces this job (Dash ends the old one)."""
+        if not context or not context.get("key"):
+            raise PreventUpdate
+        try:
+            return curves_view(studio, context, value)
+        except Cancelled:
+            raise PreventUpdate from None
+        except Exception as err:  # shown under the chart; the page stays up
+            log.exception("the trade-off curves of %s failed", context["key"])
+            return stamp(empty_figure(60), context["for"]), plain_error(err)
 
 
 def start_value(lo: float, value: float | None) -> float:
@@ -134,8 +153,8 @@ def start_value(lo: float, value: float | None) -> float:
 
 def context_view(studio: Studio, context: dict, value: float | None) -> dict:
     """What a fresh analysis shows: the methods on offer, the slider's range and the position
-    `prepare` chose, the intro, the graph and the trade-off, each stamped with what it is for."""
-    problem = studio.problem(context["key"])
+    `prepare` chose, the intro and the graph, each stamped with what it is for (the trade-off
+    chart follows from `draw_curves`)."""
     lo = context["min_pct"]
     value = context.get("value", start_value(lo, value))
     sig = context["for"]
@@ -153,9 +172,17 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         + little_to_show(lo),
         "graph": block_graph(studio, context["key"]),  # at module level: layers closed
         "open": [],
-        "tradeoff": stamp(tradeoff_chart(studio, context, value), sig),
-        "note": tradeoff_note(context, link_text(problem)) + " " + floor_gap(context, problem),
     }
+
+
+def curves_view(studio: Studio, context: dict, value: float | None) -> tuple[dict, str]:
+    """The trade-off chart and its note for the analysis `context` (computed here on a miss:
+    seconds to a minute on the small graphs whose rockmate also runs a whole-graph ILP)."""
+    problem = studio.problem(context["key"])
+    value = value if value is not None else context.get("value", 100.0)
+    figure = stamp(tradeoff_chart(studio, context, value), context["for"])
+    note = tradeoff_note(context, link_text(problem)) + " " + floor_gap(context, problem)
+    return figure, note
 
 
 LITTLE = 90.0  # a smallest budget this close to 100% leaves nothing to teach
@@ -189,26 +216,25 @@ def analyse(
 ) -> dict:
     """The CONTEXT store's data: the analysed problem's key, the methods on offer, the
     budget limits, the budget to show (`set_to` clamped to the range, else `value` when in
-    range) and the intro's numbers; every
-    curve and the plan drawn next computed here, under the progress bar."""
+    range) and the intro's numbers; the plan drawn first computed here, under the progress
+    bar. The trade-off curves are left to `draw_curves`, so the first timeline does not wait
+    for them (on gpt-1layer, 40 s of whole-graph ILPs at the curve's lowest budgets)."""
     key = studio.key(model, costs, device, step)
 
     def bar(start: int, end: int, text: str) -> Callable[[float], None]:
         return lambda frac: set_progress([str(int(start + (end - start) * frac)), text])
 
-    problem = studio.problem(key, lambda stage, frac: bar(2, 55, f"{model}: {stage}…")(frac))
+    problem = studio.problem(key, lambda stage, frac: bar(2, 85, f"{model}: {stage}…")(frac))
     methods = studio.methods(problem)
     if method not in methods:
         method = studio.default_method()
-    studio.tradeoff(key, method, bar(55, 75, f"{model}: the trade-off of {method}…"))
+    # the slider's range only: the curves are `draw_curves`' job, after the first timeline
+    set_progress(["85", f"{model}: the smallest budget {method} meets…"])
     minimum = studio.minimum(key, method)
-    for i, m in enumerate(m for m in BASELINES if m in methods):
-        studio.tradeoff(key, m, bar(75 + 4 * i, 79 + 4 * i, f"{model}: the trade-off of {m}…"))
     offload_method = studio.offload_method if offload else None
     if offload_method:
-        label = f"{model}: computing the remat+offload curve (one solve per budget)…"
-        curve = studio.offload_tradeoff(key, bar(87, 97, label))
-        minimum = min([minimum, *(p.budget for p in curve)])
+        set_progress(["88", f"{model}: the smallest budget with offloading…"])
+        minimum = min(minimum, studio.minimum(key, offload_method))
     peak = problem.store_all_peak
     lo = slider_minimum(minimum, peak)
     start = start_value(lo, value) if set_to is None else max(lo, min(100.0, set_to))
@@ -250,12 +276,10 @@ def intro_numbers(studio: Studio, key: str, problem, methods: list[str]) -> dict
         numbers["plain_floor"] = plain.floor.nbytes
         numbers["floor"] = problem.floor.nbytes
         numbers["updates"] = sum(1 for op in problem.graph.ops if op.update)
-    if "checkpoint_blocks" in methods:
-        ck = studio.tradeoff(key, "checkpoint_blocks")
-        if ck:
-            p = min(ck, key=lambda p: p.budget)
-            numbers["ckpt_peak"] = p.peak
-            numbers["ckpt_time"] = p.overhead * problem.store_all_time
+    if "checkpoint_blocks" in methods:  # its plan at its smallest budget
+        ck = studio.plan(key, "checkpoint_blocks", studio.minimum(key, "checkpoint_blocks"))
+        numbers["ckpt_peak"] = ck.predicted_peak
+        numbers["ckpt_time"] = ck.predicted_time
     return numbers
 
 

@@ -1,6 +1,8 @@
 """Memory against batch size (`app.batch`), for the plan on screen: each batch size is traced
-and solved again (seconds), so it runs as a background job; the figure carries the plan's
-signature (layout.meta.for), so the page's watcher shows the busy bar until it matches."""
+once per analysis and solved again per budget (seconds on gpt2-small's first draw), so it
+runs as a background job, on every model; the figure carries the plan's signature
+(layout.meta.for), and the chart shows its own busy sign until it matches (assets/app.js),
+never the page's."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from dash.exceptions import PreventUpdate
 
 from app import ids
 from app.batch import batch_figure, batch_rows
-from app.cache import Cancelled, check_cancelled
+from app.cache import Cancelled
 from app.callbacks.common import plain_error, stamp
 from app.callbacks.fit import device_words
 from app.figures.axes import empty_figure
-from app.state import METHOD_LABELS, PARALLEL_MAX_OPS, Studio
+from app.state import METHOD_LABELS, Studio, studio_lock
+from core.fit import BatchProblems
 from core.footprint import device_memory
 
 log = logging.getLogger(__name__)
@@ -44,24 +47,20 @@ def register(app: Dash, studio: Studio) -> None:
 
 
 def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
-    """The chart and its note for the plan on screen (cached per key, method, budget %)."""
+    """The chart and its note for the plan on screen (cached per key, method, budget %; each
+    batch size's trace is kept per analysis, so a budget move only solves again)."""
     key, sig = plan_ref["key"], plan_ref["for"]
     problem = studio.problem(key)
-    if len(problem.graph.ops) > PARALLEL_MAX_OPS:
-        note = (
-            f"Shown for small models only (up to {PARALLEL_MAX_OPS} ops; this one has "
-            f"{len(problem.graph.ops)}): each batch size is traced and planned again, which "
-            "takes minutes here. `remat fit MODEL --memory 24GiB` answers it from the shell."
-        )
-        return stamp(empty_figure(60), sig), note
     model, _, device = key.split("|")[:3]
     preset = "cpu" if device == "here" else device
     method = plan_ref["method"]
     fraction = plan_ref["budget"] / problem.store_all_peak
+    probe = studio.derived.get_or_make(
+        ("batch-probe", key), lambda: BatchProblems(studio.builders[model](), None, preset)
+    )
 
     def make():
-        check_cancelled()
-        return batch_rows(studio.builders[model](), preset, method, fraction)
+        return batch_rows(probe, method, fraction, lock=studio_lock())
 
     rows, refused = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
     label = f"{METHOD_LABELS.get(method, method)} at {100 * fraction:.0f}%"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dash import Dash, Input, Output, Patch, State, no_update
+from dash import Dash, Input, Output, State, no_update
 from dash.exceptions import PreventUpdate
 
 import core
@@ -55,6 +55,17 @@ FOLLOW_JS = """function (value, typed, context) {
   if (value === null || value === undefined) { return [nu, nu, nu, nu]; }
   return [nu, String(value), nu, true];
 }""".replace("BOX", ids.BUDGET_INPUT)
+# The trade-off chart comes from its own job (`draw_curves`), after the first timeline: until
+# it has its budget line (shapes[0], `figures.budget_shape`) there is nothing to move.
+MARK_BUDGET_JS = """function (value, fig) {
+  const dc = window.dash_clientside;
+  if (value === null || value === undefined || !fig || !fig.layout || !fig.layout.shapes
+      || !fig.layout.shapes.length) { return dc.no_update; }
+  const patch = new dc.Patch();
+  patch.assign(["layout", "shapes", 0, "x0"], value);
+  patch.assign(["layout", "shapes", 0, "x1"], value);
+  return patch.build();
+}"""
 PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host", "native")
 
 
@@ -79,15 +90,13 @@ def register(app: Dash, studio: Studio) -> None:
             raise PreventUpdate
         return solved(studio, context, value, step)
 
-    @app.callback(
+    app.clientside_callback(  # the budget's line on the trade-off chart, once it is drawn
+        MARK_BUDGET_JS,
         Output(ids.TRADEOFF, "figure", allow_duplicate=True),
         Input(ids.BUDGET, "value"),
+        State(ids.TRADEOFF, "figure"),
         prevent_initial_call=True,
     )
-    def mark_budget(value):
-        patch = Patch()
-        patch["layout"]["shapes"][0] = figures.budget_shape(value)
-        return patch
 
     @app.callback(
         Output(ids.BUDGET, "value", allow_duplicate=True),

@@ -13,6 +13,7 @@ from app.callbacks.common import context_sig
 from app.figures import timeline_figure
 from app.state import Studio, base_key
 from app.words import intro
+from core.fit import BatchProblems
 from core.footprint import CAPACITY
 
 
@@ -50,8 +51,8 @@ def test_chunked_loss_head_reaches_the_analysis_and_its_refusal_is_clear(studio)
 
 
 def test_memory_against_batch_grows_and_draws_the_device_capacity(studio):
-    call = studio.builders["gpt-tiny"]()
-    rows, refused = batch_rows(call, "v100", "rockmate", 0.6, batches=(1, 2, 4))
+    probe = BatchProblems(studio.builders["gpt-tiny"](), None, "v100")
+    rows, refused = batch_rows(probe, "rockmate", 0.6, batches=(1, 2, 4))
     assert refused == []
     eager = [r.eager for r in rows]
     assert eager == sorted(eager) and eager[0] < eager[-1]
@@ -64,7 +65,8 @@ def test_memory_against_batch_grows_and_draws_the_device_capacity(studio):
 def test_memory_against_batch_leaves_out_the_batch_sizes_that_do_not_trace(studio):
     """resnet-tiny's batch-norm refuses a batch of 1 in training: the chart shows the other
     batch sizes and says why 1 is missing, instead of failing whole."""
-    rows, refused = batch_rows(studio.builders["resnet-tiny"](), "v100", "rockmate", 0.6, (1, 2))
+    probe = BatchProblems(studio.builders["resnet-tiny"](), None, "v100")
+    rows, refused = batch_rows(probe, "rockmate", 0.6, (1, 2))
     assert [r.batch for r in rows] == [2]
     ((batch, why),) = refused
     assert batch == 1 and "more than 1 value per channel" in why and "BatchNorm2d" in why
