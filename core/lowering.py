@@ -18,6 +18,8 @@ import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from core.graph import Graph
+from core.native.boundaries import forward_nodes
+from core.native.stretch import Stretch, covers
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
 from core.simulator import OFFLOAD
@@ -51,11 +53,16 @@ class Lowering:
     # values moved to the host through saved-tensor hooks: value -> the traced forward node
     # that makes its storage (`core.runtime.native_offload` finds it as that node runs)
     offloads: tuple[tuple[int, int], ...] = ()
+    # regions that are stretches of a parent's forward (`core.native.stretch`)
+    stretches: tuple[Stretch, ...] = ()
 
 
-def lower(plan: Plan) -> Lowering:
+def lower(plan: Plan, cut_layers: bool | None = None) -> Lowering:
     """The regions, offloads and notes of `plan` (bound to its problem) under native
-    execution, with the native step's prediction."""
+    execution, with the native step's prediction. Blocks no submodule runs are covered by
+    stretches (`core.native.stretch`); with `cut_layers` (default: for the "native"
+    method's plans) a layer may be cut into stretches too, when that peaks lower; else a
+    layer runs as one checkpointed submodule, which torch.compile and FSDP2 see whole."""
     problem = plan.attached_problem()
     sim = plan.simulate()
     offloaded = {v for kind, v in plan.program if kind == OFFLOAD}
@@ -63,17 +70,14 @@ def lower(plan: Plan) -> Lowering:
     runs = {o: len(steps) for o, steps in sim.op_steps.items()}
     regions: list[Region] = []
     notes: list[str] = []
+    unmoduled: list[int] = []  # blocks the plan recomputes in that no submodule runs
     for block in problem.blocks:
         recomputed = [o for o in block.forward_ops if runs.get(o, 0) > 1]
         if not recomputed:
             continue  # kept whole (or freed and never needed): runs as eager does
         module = _module_of(problem, block.index)
         if module is None:
-            notes.append(
-                f"block {block.index} ({block.name or 'the root'}): the plan recomputes "
-                f"{len(recomputed)} ops there, but no submodule runs exactly this block; "
-                "native execution keeps it whole"
-            )
+            unmoduled.append(block.index)
             continue
         repeated = sum(1 for o in recomputed if runs[o] > 2)
         if repeated:
@@ -82,19 +86,88 @@ def lower(plan: Plan) -> Lowering:
                 "than twice; checkpoint recomputes them once"
             )
         regions.append(_region(problem, block.index, module, kept, len(recomputed)))
+    if cut_layers is None:
+        cut_layers = plan.method == "native"
+    return _lower_with_stretches(plan, regions, notes, unmoduled, kept, runs, offloaded, cut_layers)
+
+
+def _lower_with_stretches(
+    plan: Plan,
+    regions: list[Region],
+    notes: list[str],
+    unmoduled: list[int],
+    kept: set[int],
+    runs: dict[int, int],
+    offloaded: set[int],
+    cut_layers: bool,
+) -> Lowering:
+    """The lowering with the blocks no submodule runs covered by stretches
+    (`core.native.stretch`): of the candidate covers, the one whose native simulation peaks
+    lowest (then runs fastest); a block no stretch can cover is kept whole (a note)."""
+    problem = plan.problem
     held = python_held(problem)
-    checkpointed = [
+    modules = [
         Checkpointed(r.forward_nodes, r.cached, held.passed.get(r.module, frozenset()))
         for r in regions
     ]
-    offloads = _offloads(problem, offloaded, checkpointed, notes)
-    native = native_program(
-        problem.graph, checkpointed, held.dropped, frozenset(v for v, _ in offloads), problem.link
-    )
-    walked = native.walk(problem.graph)
-    base = problem.store_all_time
-    prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
-    return Lowering(tuple(regions), tuple(notes), prediction, native.recomputed_ops, offloads)
+    recomputed = {o for o, k in runs.items() if k > 1}
+    taken = _places(problem, regions)
+    candidates = [
+        (regions, modules, c) for c in covers(problem, unmoduled, kept, recomputed, taken)
+    ]
+    if regions and cut_layers:  # stretches in place of the submodule regions: finer cuts
+        every = sorted({*unmoduled, *(r.block for r in regions)})
+        candidates += [([], [], c) for c in covers(problem, every, kept, recomputed, [])]
+    best: tuple[tuple[int, float], Lowering] | None = None
+    for used, used_checkpointed, cover in candidates:
+        mine = list(notes)
+        checkpointed = used_checkpointed + [
+            Checkpointed(frozenset(s.nodes), s.cached, frozenset(), dict(s.replay_drops))
+            for s in cover.stretches
+        ]
+        offloads = _offloads(problem, offloaded, checkpointed, mine)
+        native = native_program(
+            problem.graph,
+            checkpointed,
+            held.dropped,
+            frozenset(v for v, _ in offloads),
+            problem.link,
+        )
+        walked = native.walk(problem.graph)
+        base = problem.store_all_time
+        prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
+        for b in cover.whole:
+            block = problem.blocks[b]
+            n = sum(1 for o in block.forward_ops if runs.get(o, 0) > 1)
+            mine.append(
+                f"block {b} ({block.name or 'the root'}): the plan recomputes {n} ops there, "
+                "but neither a submodule nor a stretch between submodule calls runs them; "
+                "native execution keeps it whole"
+            )
+        low = Lowering(
+            tuple(used),
+            tuple(mine),
+            prediction,
+            native.recomputed_ops,
+            offloads,
+            cover.stretches,
+        )
+        key = (walked.peak, walked.time)
+        if best is None or key < best[0]:
+            best = (key, low)
+    assert best is not None
+    return best[1]
+
+
+def _places(problem: Problem, regions: list[Region]) -> list[tuple[int, int]]:
+    """Each submodule region's places [first, last + 1) among the traced forward ops."""
+    place_of = {n: i for i, n in enumerate(forward_nodes(problem.graph.trace.nodes))}
+    out = []
+    for r in regions:
+        places = [place_of[n] for n in r.forward_nodes if n in place_of]
+        if places:
+            out.append((min(places), max(places) + 1))
+    return out
 
 
 def _offloads(

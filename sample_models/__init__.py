@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from .gpt import GPT, GPTConfig
+from .mixer import Mixer, MixerConfig
 from .mlp import MLP, MLPConfig
 from .regnet import RegNet, RegNetConfig
 from .resnet import ResNet, ResNetConfig
@@ -54,7 +55,7 @@ class Preset:
         if isinstance(c, MLPConfig):
             x = torch.randn(b, c.in_features, generator=g)
         else:
-            size = c.image_size if isinstance(c, ViTConfig) else self.image_size
+            size = c.image_size if isinstance(c, (ViTConfig, MixerConfig)) else self.image_size
             x = torch.randn(b, c.in_chans, size, size, generator=g)
         targets = torch.randint(0, c.num_classes, (b,), generator=g)
         return x, targets
@@ -145,6 +146,23 @@ def _two_tower(in_features, width, depth_a, depth_b, shared, batch, size) -> Pre
     return Preset(TwoTower, config, batch, desc)
 
 
+def _mixer(patch, image, n_embd, n_layer, batch, classes, size) -> Preset:
+    config = MixerConfig(
+        image_size=image,
+        patch_size=patch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        token_hidden=n_embd // 2,
+        channel_hidden=4 * n_embd,
+        num_classes=classes,
+    )
+    desc = (
+        f"MLP-Mixer, ModuleDict blocks run by the root, {size}: {n_layer}L d{n_embd}, "
+        f"patch {patch}, {batch}x3x{image}x{image}, {classes} classes"
+    )
+    return Preset(Mixer, config, batch, desc)
+
+
 REGISTRY: dict[str, Preset] = {
     "gpt-1layer": _gpt(1, 32, 2, vocab=64, seq=32, batch=2, size="1-layer"),
     "gpt-tiny": _gpt(2, 64, 2, vocab=256, seq=64, batch=4, size="tiny"),
@@ -163,6 +181,7 @@ REGISTRY: dict[str, Preset] = {
     ),
     "vit-tiny": _vit(8, 32, 64, 2, 2, batch=4, classes=10, size="tiny"),
     "vit-small": _vit(16, 128, 384, 6, 6, batch=8, classes=100, size="small"),
+    "mixer-tiny": _mixer(4, 32, 64, 4, batch=8, classes=10, size="tiny"),
     "regnet-tiny": _regnet(16, [16, 32], [1, 1], 8, batch=2, image=32, classes=10, size="tiny"),
     "regnet-small": _regnet(
         32, [32, 64, 160, 384], [1, 2, 4, 1], 16, batch=8, image=64, classes=100, size="small"

@@ -42,9 +42,12 @@ from torch.utils.checkpoint import (
 
 from core.errors import PlanMismatch
 from core.lowering import Lowering, Region, lower
+from core.native.replay import Stretches
+from core.native.stretch import Stretch
 from core.plan import Plan, Prediction
 from core.runtime.kv_cache import kv_cache_guard
 from core.runtime.native_offload import NativeOffload
+from core.trace.eager_branches import SCALAR_READS
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
@@ -77,7 +80,7 @@ class _Policy:
         self.per_op: dict[Any, int] = {}  # under torch.compile: calls per op so far
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if _UNTRACED[0]:
+        if _UNTRACED[0] or op in SCALAR_READS:  # a read into Python: no traced node
             return _RECOMPUTE
         if torch.compiler.is_compiling():
             return self._traced(op)
@@ -211,6 +214,7 @@ class NativeHandle:
         if self.offload is not None:  # the hooks around the whole forward
             self._restore.append((model, model.__dict__.get("forward")))
             model.forward = self.offload.wrap(model.forward)
+        self.stretches = _install_stretches(model, lowering, self._restore)
         self._model = model
         setattr(model, _MARK, self)
 
@@ -231,6 +235,8 @@ class NativeHandle:
             else:
                 sub.forward = own
         self._restore.clear()
+        if self.stretches is not None:
+            self.stretches.remove()
         if getattr(self._model, _MARK, None) is self:
             delattr(self._model, _MARK)
 
@@ -248,8 +254,38 @@ class NativeStep(nn.Module):
         given = (targets,) if isinstance(targets, torch.Tensor) else tuple(targets)
         handle = native_handle(self.model)
         offload = handle.offload if handle is not None else None
-        with offload.active() if offload is not None else contextlib.nullcontext():
+        stretches = handle.stretches if handle is not None else None
+        with contextlib.ExitStack() as stack:
+            if stretches is not None:  # the loss ends the step's forward
+                stack.enter_context(stretches.step())
+            if offload is not None:
+                stack.enter_context(offload.active())
             return self.loss_fn(self.model(*args, **kwargs), *given)
+
+
+def _install_stretches(
+    model: nn.Module, lowering: Lowering, restore: list[tuple[nn.Module, Any]]
+) -> Stretches | None:
+    """The plan's stretch regions (`core.native.replay`): hooks on the submodules where
+    they begin and end, and the model's forward as the step's start and end."""
+    if not lowering.stretches:
+        return None
+    stretches = Stretches(model, lowering.stretches, lambda s: _Policy(_as_region(s)))
+    restore.append((model, model.__dict__.get("forward")))
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with stretches.step():
+            return forward(*args, **kwargs)
+
+    model.forward = run
+    return stretches
+
+
+def _as_region(s: Stretch) -> Region:
+    """A stretch as the region its policy checks the ops against."""
+    return Region(-1, s.label, s.ops, s.save, 0, s.policy_nodes, frozenset(s.nodes), s.cached)
 
 
 def native_handle(model: nn.Module) -> NativeHandle | None:

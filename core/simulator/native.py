@@ -54,6 +54,9 @@ class Checkpointed:
     nodes: frozenset[int]
     cached: frozenset[int]
     inputs: frozenset[int] = frozenset()
+    # a stretch's recompute replays its ops (`core.native.replay`): value -> the region op
+    # after which the replay drops it, instead of the model's Python lifetimes
+    replay_drops: dict[int, int] | None = None
     early_stop: bool = True  # False: the recompute runs the whole forward (torchtitan's)
 
 
@@ -103,6 +106,7 @@ class _Region:
     inputs: frozenset[int]  # values the module is called with
     saving: set[int]  # backward ops of the region's nodes that saved a tensor
     stop: int = -1  # the last op the recompute runs (-1: nothing recomputed)
+    replay_drops: dict[int, int] | None = None  # see Checkpointed
 
 
 def native_program(
@@ -137,7 +141,10 @@ def native_program(
     }
     arriving = {v.index for v in graph.values if v.kind == "tangent"}
     parts = [
-        _Region(_ops_in(reg, graph, forward_ops), reg.cached, reg.inputs, set()) for reg in regions
+        _Region(
+            _ops_in(reg, graph, forward_ops), reg.cached, reg.inputs, set(), -1, reg.replay_drops
+        )
+        for reg in regions
     ]
     calls = backward_calls(graph, clones)
     owner: dict[int, int] = {}  # backward op -> region of its node
@@ -451,8 +458,9 @@ class _Builder:
             self.recomputed += 1
             self.recompute_time += op.time
         end = len(self.runs) - 1  # the recompute stops: Python drops what it still holds
+        drops = self.dropped if part.replay_drops is None else part.replay_drops
         for v in made:
-            drop = self.dropped.get(v)
+            drop = drops.get(v)
             self._hold(copy.get(v, v), at.get(drop, end) if drop is not None else -1)
         return copy
 

@@ -1,0 +1,249 @@
+"""Regions that are no submodule: stretches of a parent's forward run under checkpoint.
+
+A block the plan recomputes in, but whose forward no submodule runs exactly (root-level
+code, `ModuleDict` blocks called from the root, a U-Net's skips), is covered by stretches:
+runs of consecutive forward ops between two moments where the model calls or returns from
+a submodule (`core.native.boundaries`). Each stretch runs under non-reentrant checkpoint
+with the same selective policy as a submodule region (an op whose result the plan keeps
+through the forward is saved, every other recomputed), and its recompute replays the ATen
+ops the forward ran (`core.native.replay`), since the stretch is no function to call again.
+
+Where to cut a block into stretches: at its ends, and inside it wherever the activations
+the forward carries across, and the plan frees, weigh little: the next stretch's frame
+holds them to its backward, but each recompute is shorter (it runs once, at the first
+unpack, and holds what it made until used). Cuts at several weights are simulated;
+`core.lowering.lower` keeps the one with the lowest native peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+from core.native.boundaries import Boundaries, Boundary, boundaries
+from core.problem import Problem
+from core.simulator.native import in_place_ops
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A region that is a stretch of the forward: it begins at moment `start` and ends at
+    moment `end` (`core.native.boundaries`); `label` names it for people and errors. Its
+    ops, saves and nodes are a `core.lowering.Region`'s (its `module` the label)."""
+
+    start: Boundary
+    end: Boundary
+    nodes: tuple[int, ...]  # the traced forward nodes it runs, in order
+    ops: tuple[object, ...]  # ATen OpOverloads its policy sees, in order
+    save: tuple[bool, ...]
+    policy_nodes: tuple[int, ...]  # the traced node of each policy op
+    cached: frozenset[int]  # graph ops whose results the policy saves
+    replay_drops: tuple[tuple[int, int], ...]  # value -> graph op after which the replay drops it
+
+    @property
+    def label(self) -> str:
+        return f"{_moment(self.start)} .. {_moment(self.end)}"
+
+
+def _moment(b: Boundary) -> str:
+    return f"the step's {b.hook}" if not b.module else f"{b.module} ({b.hook}, call {b.call})"
+
+
+@dataclass(frozen=True)
+class Cover:
+    """The stretches covering the blocks no submodule runs, and the blocks left whole."""
+
+    stretches: tuple[Stretch, ...]
+    whole: tuple[int, ...]  # blocks the plan recomputes in that no stretch covers
+
+
+def covers(
+    problem: Problem,
+    blocks: list[int],
+    kept: set[int],
+    recomputed: set[int],
+    taken: list[tuple[int, int]],
+) -> list[Cover]:
+    """Candidate stretch covers of `blocks` (block indices): the coarse one (a stretch per
+    block, snapped outward to moments) and covers also cut inside the blocks
+    wherever the activations the forward carries across, and the plan frees, weigh at most
+    a threshold (0: only kept values cross; then the quartiles of those weights, up to a
+    cut at every moment). `kept`: values the plan keeps through the forward; `recomputed`:
+    graph ops it runs again; `taken`: places [start, end) of submodule regions, which no
+    stretch may overlap."""
+    if not blocks:
+        return [Cover((), ())]
+    bnd = boundaries(problem)
+    graph = problem.graph
+    place_of = {n: i for i, n in enumerate(bnd.nodes)}
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    first_at: dict[int, Boundary] = {}
+    for moment in bnd.moments:
+        first_at.setdefault(moment.place, moment)
+    inside = {p for s, e in taken for p in range(s + 1, e)}
+    cuts_ok = sorted(p for p in first_at if p not in inside)
+    spans: list[tuple[int, int | None, int | None]] = []
+    for b in blocks:
+        places = [
+            place_of[n]
+            for o in problem.blocks[b].forward_ops
+            for n in graph.ops[o].nodes
+            if n in place_of
+        ]
+        lo, hi = min(places), max(places) + 1
+        start = max((p for p in cuts_ok if p <= lo), default=None)
+        end = min((p for p in cuts_ok if p >= hi), default=None)
+        spans.append((b, start, end))
+    ends: set[int] = set()
+    for _, start, end in spans:
+        if start is not None and end is not None:
+            ends |= {start, end}
+    weight = _cut_weights(problem, bnd, kept, cuts_ok)
+    inner = {
+        p: w
+        for p, w in weight.items()
+        if any(st is not None and en is not None and st < p < en for _, st, en in spans)
+    }
+    thresholds: list[float] = [-1.0]
+    if inner:
+        ranked = sorted(set(inner.values()))
+        thresholds += sorted({ranked[min(len(ranked) - 1, k * len(ranked) // 4)] for k in range(5)})
+        thresholds.append(ranked[-1])
+    out = []
+    for t in dict.fromkeys(thresholds):
+        cuts = ends | {p for p, w in inner.items() if w <= t}
+        out.append(
+            _cover(problem, bnd, sorted(cuts), spans, first_at, kept, recomputed, taken, op_of)
+        )
+    return out
+
+
+def _cut_weights(
+    problem: Problem, bnd: Boundaries, kept: set[int], cuts: list[int]
+) -> dict[int, int]:
+    """For each place, the bytes of the activations made before it and read by the forward
+    after it that the plan does not keep (what a stretch beginning there would hold)."""
+    graph = problem.graph
+    place_of = {n: i for i, n in enumerate(bnd.nodes)}
+    made_at: dict[int, int] = {}
+    last_read: dict[int, int] = {}
+    for o in graph.forward_ops:
+        op = graph.ops[o]
+        p = place_of.get(op.nodes[0])
+        if p is None:
+            continue
+        for v in op.outputs:
+            made_at[v] = p
+        for v in op.inputs:
+            last_read[v] = max(last_read.get(v, -1), max(place_of.get(n, p) for n in op.nodes))
+    crossing = [
+        (made_at[v], last_read[v], graph.values[v].nbytes)
+        for v in made_at
+        if v in last_read and v not in kept
+    ]
+    return {p: sum(size for m, r, size in crossing if m < p <= r) for p in cuts}
+
+
+def _cover(
+    problem: Problem,
+    bnd: Boundaries,
+    cuts: list[int],
+    spans: list[tuple[int, int | None, int | None]],
+    first_at: dict[int, Boundary],
+    kept: set[int],
+    recomputed: set[int],
+    taken: list[tuple[int, int]],
+    op_of: dict[int, int],
+) -> Cover:
+    """The stretches between consecutive `cuts` that hold an op the plan recomputes, lie in
+    a block's span and write nothing made before them (a replay would write it again)."""
+    graph = problem.graph
+    covered: set[int] = set()
+    out = []
+    inplace = in_place_ops(graph)
+    for s, e in zip(cuts, cuts[1:], strict=False):
+        if not any(
+            st is not None and en is not None and st <= s and e <= en for _, st, en in spans
+        ):
+            continue
+        if any(s < ts < e or s < te < e or (ts <= s and e <= te) for ts, te in taken):
+            continue
+        stretch_nodes = bnd.nodes[s:e]
+        ops = {op_of[n] for n in stretch_nodes if n in op_of}
+        if not ops & recomputed or _writes_outside(problem, stretch_nodes, inplace, op_of):
+            continue
+        out.append(_stretch(problem, first_at[s], first_at[e], stretch_nodes, kept, op_of))
+        covered |= ops
+    whole = tuple(
+        b
+        for b, _, _ in spans
+        if set(problem.blocks[b].forward_ops) & recomputed - covered
+        and not set(problem.blocks[b].forward_ops) & covered
+    )
+    return Cover(tuple(out), whole)
+
+
+def _writes_outside(
+    problem: Problem, stretch: tuple[int, ...], inplace: dict[int, int], op_of: dict[int, int]
+) -> bool:
+    """Whether an op of the stretch writes into a tensor made before it (other than a
+    buffer: the replay writes those into scratch), as eager's in-place activations do."""
+    graph, nodes = problem.graph, problem.graph.trace.nodes
+    mine = set(stretch)
+    for n in stretch:
+        for w in nodes[n].writes:
+            if w not in mine and nodes[w].role != "state":
+                return True
+        o = op_of.get(n)
+        if o in inplace and n == graph.ops[o].nodes[0]:
+            producer = graph.values[graph.ops[o].inputs[0]].producer
+            if producer is None or graph.ops[producer].nodes[0] not in mine:
+                return True
+    return False
+
+
+def _stretch(
+    problem: Problem,
+    start: Boundary,
+    end: Boundary,
+    stretch: tuple[int, ...],
+    kept: set[int],
+    op_of: dict[int, int],
+) -> Stretch:
+    """The stretch's policy ops and saves (as a submodule region's: an op is saved when
+    the plan keeps one of its results through the forward; a random op only when every
+    later random op of the stretch is) and when its replay drops each value."""
+    graph = problem.graph
+    nodes = graph.trace.nodes
+    order = [n for n in stretch if isinstance(nodes[n].target, torch._ops.OpOverload)]
+    order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
+    ops_in = sorted({op_of[n] for n in order if n in op_of})
+    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
+    later_recomputed = False
+    for o in reversed(ops_in):
+        if graph.ops[o].random:
+            if later_recomputed:
+                saved.discard(o)
+            later_recomputed = later_recomputed or o not in saved
+    save = tuple(op_of.get(n) in saved for n in order)
+    cached = frozenset(op_of[n] for n, s in zip(order, save, strict=True) if s and n in op_of)
+    mine = set(stretch)
+    region_ops = [o for o in sorted(set(op_of[n] for n in stretch if n in op_of))]
+    region_ops = [o for o in region_ops if graph.ops[o].nodes[0] in mine]
+    drops: dict[int, int] = {}
+    for o in region_ops:
+        for v in graph.ops[o].outputs:
+            readers = [c for c in graph.values[v].consumers if c in set(region_ops)]
+            drops[v] = max(readers, default=o)
+    return Stretch(
+        start,
+        end,
+        tuple(stretch),
+        tuple(nodes[n].target for n in order),
+        save,
+        tuple(order),
+        cached,
+        tuple(sorted(drops.items())),
+    )
