@@ -436,9 +436,14 @@ def _wrapped_running(
         parent = model.get_submodule(parent_name)
         layer = parent.get_submodule(child)
         make = titan_policy if policies is None else policies[name]
+        # auto-SAC saves an in-place op with its parent (dropout's `empty_like` and
+        # `bernoulli_`): the cache entry is mutated by the region's own op
+        mutable = policies is not None
         wrapped = checkpoint_wrapper(
             layer,
-            context_fn=lambda make=make: create_selective_checkpoint_contexts(make()),
+            context_fn=lambda make=make, mutable=mutable: create_selective_checkpoint_contexts(
+                make(), allow_cache_entry_mutation=mutable
+            ),
             preserve_rng_state=True,
             determinism_check="default",
             early_stop=False if policies is None else True,
@@ -608,3 +613,235 @@ def _tune_running(model: nn.Module, skip: str | None) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's automatic SAC
+
+
+@dataclass(frozen=True)
+class AutoSacSolution:
+    """What PyTorch's auto-SAC decided for a budget: per layer the fraction of activation
+    memory to discard (`sac_milp`) and the per-op decisions (`get_optimal_checkpointing_
+    policy_per_module`, 1 = save, in its estimator's op order), its recompute time (ms) and
+    its peak bound (bytes, parameters and gradients included; -1: no solution)."""
+
+    discard: dict[str, float]
+    decisions: dict[str, tuple[int, ...]]
+    recompute_ms: float
+    bound: int
+    param_bytes: int
+
+
+def autosac(
+    problem: Problem,
+    budget: float | int,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    targets: Sequence[torch.Tensor] = (),
+) -> Imported:
+    """PyTorch's automatic SAC for `budget` (bytes beyond parameters and inputs, or a
+    fraction of the store-all peak), solved on the model called with `args`/`kwargs`:
+    its stats collected under fake tensors (MemTracker, RuntimeEstimator and SACEstimator
+    in "operator-level-benchmark" mode, each op timed for real), `sac_milp` over the
+    decoder layers, each chosen layer checkpointed with its per-op policy. `bound` is its
+    own peak bound less the parameters (comparable to ours)."""
+    model = _model(problem)
+    layers = decoder_layers(model)
+    want = int(budget * problem.store_all_peak) if isinstance(budget, float) else int(budget)
+    solution = solve_autosac(model, layers, want, args, kwargs or {}, problem.loss_fn, targets)
+    nodes = problem.graph.trace.nodes
+    regions, chosen, notes = [], [], []
+    for layer in layers:
+        decided = solution.decisions.get(layer)
+        if decided is None:
+            continue
+        order = policy_ops(problem, layer)
+        counted = [n for n in order if nodes[n].target not in _AUTOSAC_SKIPPED]
+        if len(counted) != len(decided):
+            raise UnsupportedModel(
+                layer,
+                f"auto-SAC's estimator saw {len(decided)} ops where the trace has "
+                f"{len(counted)}: its per-op policy cannot be matched to the step",
+            )
+        it = iter(decided)
+        saved = [
+            bool(next(it)) if nodes[n].target not in _AUTOSAC_SKIPPED else False for n in order
+        ]
+        regions.append(region(problem, layer, saved))
+        chosen.append(layer)
+    if solution.bound < 0:
+        notes.append(f"sac_milp found no solution at {want:,} B: nothing checkpointed")
+    policies: dict[str, Callable[[], Callable[..., CheckpointPolicy]]] = {
+        layer: functools.partial(autosac_policy, tuple(solution.decisions[layer]))
+        for layer in chosen
+    }
+    bound = solution.bound - solution.param_bytes if solution.bound >= 0 else None
+    return _imported(
+        problem,
+        "autosac",
+        f"PyTorch auto-SAC at {want:,} B",
+        chosen,
+        regions,
+        functools.partial(_wrapped_running, layers=tuple(chosen), policies=policies),
+        notes=notes,
+        bound=bound,
+    )
+
+
+def _autosac_skipped() -> frozenset[Any]:
+    from torch.distributed._tools.sac_estimator import OPS_TO_ALWAYS_SKIP
+
+    return frozenset(OPS_TO_ALWAYS_SKIP)
+
+
+_AUTOSAC_SKIPPED = _autosac_skipped()
+
+
+def autosac_policy(decisions: tuple[int, ...]) -> Callable[..., CheckpointPolicy]:
+    """A layer's auto-SAC decisions as a selective-checkpoint policy: the k-th op its
+    estimator counted (ops in `OPS_TO_ALWAYS_SKIP` aside, recomputed) saved when its
+    decision is 1; forward and recompute counted apart."""
+    count = {False: 0, True: 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in _AUTOSAC_SKIPPED:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        k = count[ctx.is_recompute]
+        count[ctx.is_recompute] = k + 1
+        if k < len(decisions) and decisions[k]:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def solve_autosac(
+    model: nn.Module,
+    layers: Sequence[str],
+    budget: int,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    loss_fn: Callable[..., torch.Tensor] | None,
+    targets: Sequence[torch.Tensor],
+) -> AutoSacSolution:
+    """PyTorch's auto-SAC pipeline, as its test (`test/distributed/_tools/test_sac_ilp.py`)
+    runs it, on a fake copy of `model`: `budget` bytes beyond the parameters is asked of
+    `sac_milp` as (budget + parameters) GiB, the units being `layers`."""
+    import copy
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.ilp_utils import aggregate_stats, parse_module_info
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+    from torch.distributed._tools.sac_estimator import SACEstimator
+    from torch.distributed._tools.sac_ilp import (
+        get_optimal_checkpointing_policy_per_module,
+        sac_milp,
+    )
+
+    fm = FakeTensorMode(allow_non_fake_inputs=False)
+    fake = _fake_copy(model, fm)
+    to_fake = lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    fargs = [to_fake(a) for a in args]
+    fkwargs = {k: to_fake(v) for k, v in kwargs.items()}
+    ftargets = [to_fake(t) for t in targets]
+
+    def step() -> torch.Tensor:
+        out = fake(*fargs, **fkwargs)
+        return out if loss_fn is None else loss_fn(out, *ftargets)
+
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with fm, mock.patch.multiple(torch.cuda, **_cpu_cuda_timer()):
+        mt = MemTracker()
+        mt.track_external(fake)
+        with mt:
+            snapshot = None
+            for i in range(2):
+                step().backward()
+                if i == 1:
+                    snapshot = mt.get_tracker_snapshot("current")
+                fake.zero_grad(set_to_none=True)
+                if i == 0:
+                    mt.reset_mod_stats()
+        # as the test does for modules whose inputs need no gradient (Llama's rotary
+        # embedding): ModTracker never calls their backward hooks
+        for stats in mt.memory_tracking.values():
+            for state in (_ModState.PRE_BW, _ModState.PEAK_BW, _ModState.POST_BW):
+                if state not in stats.snapshots:
+                    stats.snapshots.setdefault(state, []).append(copy.deepcopy(snapshot))
+        step().backward()
+        fake.zero_grad(set_to_none=True)
+        re = RuntimeEstimator()
+        with re(estimate_mode_type="operator-level-benchmark"):
+            step().backward()
+        fake.zero_grad(set_to_none=True)
+        sac = SACEstimator()
+        with sac(estimate_mode_type="operator-level-benchmark"):
+            loss = step()
+        loss.backward()
+        info = aggregate_stats(fake, mt, re, sac, torch.device("cpu"))
+    graph = parse_module_info(info)
+    root = type(model).__name__
+    units = [f"{root}.{layer}" for layer in layers]
+    discard, recompute_ms, bound = sac_milp(
+        graph, (budget + param_bytes) / 2**30, world_size=1, ac_units=units
+    )
+    decisions = {}
+    for layer, unit in zip(layers, units):
+        if unit in discard:
+            decided = get_optimal_checkpointing_policy_per_module(
+                sac.sac_mod_stats[unit], memory_budget=1 - discard[unit]
+            )
+            decisions[layer] = tuple(int(d) for d in decided)
+    return AutoSacSolution(
+        {layer: discard[unit] for layer, unit in zip(layers, units) if unit in discard},
+        decisions,
+        float(recompute_ms),
+        int(bound),
+        param_bytes,
+    )
+
+
+def _fake_copy(model: nn.Module, fm: Any) -> nn.Module:
+    """A deep copy of `model` whose parameters and buffers are fake tensors (shared ones
+    stay shared): building a model under fake mode fails for some modules."""
+    fake = copy_module(model)
+    memo: dict[int, Any] = {}
+    for module in fake.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in memo:
+                    memo[id(p)] = nn.Parameter(fm.from_tensor(p.detach()), p.requires_grad)
+                module._parameters[name] = memo[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in memo:
+                    memo[id(b)] = fm.from_tensor(b)
+                module._buffers[name] = memo[id(b)]
+    return fake
+
+
+def copy_module(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def _cpu_cuda_timer() -> dict[str, Any]:
+    """Stand-ins for the `torch.cuda` timing calls of RuntimeEstimator's benchmark (2
+    warm-up, 3 timed runs): events on `time.perf_counter`, for a CPU-only machine."""
+    import time
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.at = 0.0
+
+        def record(self, stream: Any = None) -> None:
+            self.at = time.perf_counter()
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1e3
+
+    return {"Event": Event, "current_stream": lambda *a: None, "synchronize": lambda *a: None}
