@@ -1,34 +1,102 @@
 """`remat` (the console script): inspect a model's chain, make and show plans, run benchmarks
 (`bench/`), serve the app."""
 
+# torch, dash and the engine are imported by the commands that need them, never here: `remat
+# --help` and an argument error answer at once (7 s of imports here before).
+
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench import MissingExtra
-from core.errors import RematError, fmt_bytes
+FIT_DEVICE = "h100"  # `remat fit`'s op times when no --device is given (said in its output)
+FIT_DEVICES = ("h100", "a100", "v100", "rtx4090", "cpu")
+# `remat fit`'s largest batch by default: each batch size tried is a trace (seconds); 1024
+# reaches any sample model's answer on a 24 GiB device, and a capped answer says "N+"
+FIT_MAX_BATCH = 1024
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args, rest = parser.parse_known_args(argv)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except SystemExit as done:  # --help (0) or a usage error, already printed (2)
+        return done.code if isinstance(done.code, int) else 2
     if rest and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        _check_args(args)  # before any import of the engine or analysis
         return args.run(args, rest)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (RematError, MissingExtra, ValueError, OSError) as e:
+    except Exception as e:
+        if not _user_error(e):
+            raise
         if args.debug:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _user_error(e: BaseException) -> bool:
+    """An error in words for the user (the engine's `RematError`s, a missing extra, a bad
+    value, a file): one line, no traceback. The engine's and bench's classes are looked up
+    only where those modules were imported, so a command that never needed them pays nothing."""
+    kinds: list[type] = [ValueError, OSError]
+    errors, bench = sys.modules.get("core.errors"), sys.modules.get("bench")
+    if errors is not None:
+        kinds.append(errors.RematError)
+    if bench is not None:
+        kinds.append(bench.MissingExtra)
+    return isinstance(e, tuple(kinds))
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in words (`core.errors.fmt_bytes`, imported when first needed)."""
+    from core.errors import fmt_bytes as words
+
+    return words(n)
+
+
+_AMOUNT = r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)"
+_MEMORY_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_MEMORY_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Read --budget and --memory before anything is analysed (the command line's forms;
+    --memory becomes bytes), or raise a ValueError saying what a valid one looks like."""
+    budget = getattr(args, "budget", None)
+    if budget is not None:
+        spelled = budget.strip().lower().replace(" ", "")
+        m = re.fullmatch(_AMOUNT + r"(%|[kmgt]?i?b)?", spelled)
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(
+                f"cannot read the budget {budget!r}: write bytes with a unit ('2GB', "
+                "'512MiB'), a percentage of the store-all peak ('50%') or a fraction of it "
+                "('0.5')"
+            )
+    memory = getattr(args, "memory", None)
+    if isinstance(memory, list):
+        args.memory = [_memory(m) for m in memory]
+    elif memory is not None:
+        args.memory = _memory(memory)
+
+
+def _memory(text: str) -> int:
+    """An amount of memory with its unit ('24GiB', '80GB'), in bytes."""
+    m = re.fullmatch(_AMOUNT + r"([kmgt]?i?b)", text.strip().lower().replace(" ", ""))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(
+            f"--memory takes bytes with a unit, e.g. 24GiB, 80GB or 512MiB, not {text!r}"
+        )
+    return int(float(m.group(1)) * _MEMORY_UNITS[m.group(2)])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +134,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--memory", help="with --devices: memory of each device ('80GiB')")
     s.add_argument("--link", default=None, help="with --devices: nvlink4, pcie4, ...")
     s.add_argument("-o", "--output", default="plan.pkl")
+    s.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print the solver's notes (where its searches stopped, what it tried)",
+    )
     s.set_defaults(run=_plan)
 
     s = sub.add_parser(
@@ -81,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="describe a plan file")
     s.add_argument("path")
+    s.add_argument("-v", "--verbose", action="store_true", help="also print the solver's notes")
     s.set_defaults(run=_show)
 
     s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)", add_help=False)
@@ -191,8 +266,9 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     method = args.method
     plan = core.solve(problem, args.budget, method=method)
     plan.save(args.output)
-    for note in plan.notes:
-        print(f"note: {note}")
+    if args.verbose:  # the solver's own bookkeeping: for whoever tunes it
+        for note in plan.notes:
+            print(f"note: {note}")
     print(
         f"{method} plan for {args.model} at {fmt_bytes(plan.budget)}: predicted peak "
         f"{fmt_bytes(plan.predicted_peak)} ({plan.predicted_peak / problem.store_all_peak:.0%} of "
@@ -262,7 +338,7 @@ def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None])
     """`remat fit MODEL --memory 24GiB`: the largest batch per strategy (core.fit)."""
     s = sub.add_parser("fit", help="the largest batch whose training step fits a memory")
     model_args(s)
-    s.set_defaults(device="h100")
+    s.set_defaults(device=None)
     s.add_argument(
         "--memory",
         action="append",
@@ -276,33 +352,36 @@ def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None])
         help="optimizer states per parameter: adamw/adam 2, sgd 1 (momentum), none 0",
     )
     s.add_argument("--seq", type=int, default=None, help="sequence length (dimension 1)")
-    s.add_argument("--max-batch", type=int, default=4096, help="largest batch tried")
+    s.add_argument(
+        "--max-batch",
+        type=int,
+        default=FIT_MAX_BATCH,
+        help=f"largest batch tried (default {FIT_MAX_BATCH}); a batch shown as N+ reached it",
+    )
     s.set_defaults(run=_fit)
 
 
 def _fit(args: argparse.Namespace, rest: list[str]) -> int:
     from core.fit import Fitter
-    from core.solvers import parse_budget
     from core.trace.model_call import load_model
 
-    if any(not m.strip().lower().endswith("b") for m in args.memory):
-        raise ValueError(f"--memory takes bytes with a unit ('24GiB', '80GB'), not {args.memory}")
-    memories = [parse_budget(m, 1) for m in args.memory]
+    device = args.device or FIT_DEVICE
     fitter = Fitter(
         load_model(args.model),
         seq=args.seq,
-        device=args.device,
+        device=device,
         optimizer=args.optimizer,
         max_batch=args.max_batch,
     )
+    chosen = "" if args.device else f", the default: --device {', '.join(FIT_DEVICES)}"
     start = time.perf_counter()
-    for memory in memories:
+    for memory in args.memory:
         report = fitter.fit(memory, args.overhead)
         print(
-            f"{args.model} on {fmt_bytes(memory)} ({report.device} costs), inputs at batch 1: "
-            f"{report.shapes}\n  parameters {fmt_bytes(report.param_bytes)}, optimizer "
-            f"{report.optimizer} {fmt_bytes(report.optimizer_bytes)}; overhead limit "
-            f"{report.overhead_limit:.2f}x"
+            f"{args.model} on {fmt_bytes(memory)}, op times estimated for {report.device}"
+            f"{chosen}; inputs at batch 1: {report.shapes}\n  parameters "
+            f"{fmt_bytes(report.param_bytes)}, optimizer {report.optimizer} "
+            f"{fmt_bytes(report.optimizer_bytes)}; overhead limit {report.overhead_limit:.2f}x"
         )
         print(f"  {'strategy':<24}{'batch':>8}{'step peak':>12}{'total':>12}{'overhead':>10}")
         for f in report.fits:
@@ -310,6 +389,11 @@ def _fit(args: argparse.Namespace, rest: list[str]) -> int:
             print(
                 f"  {f.strategy:<24}{batch:>8}{fmt_bytes(f.peak):>12}{fmt_bytes(f.total):>12}"
                 f"{f.overhead:>9.2f}x"
+            )
+        if any(f.capped for f in report.fits):
+            print(
+                f"  N+: the search stopped at --max-batch {args.max_batch}; a larger batch may "
+                "fit too (raise --max-batch to look further)"
             )
     print(
         f"{len(fitter.seconds)} batch sizes traced in {sum(fitter.seconds.values()):.1f} s; "
@@ -345,15 +429,17 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
     print(
         f"plan {args.path}: method {plan.method}, budget {fmt_bytes(plan.budget)}\n"
         f"  recorded prediction: peak {fmt_bytes(plan.predicted_peak)}, overhead "
-        f"{plan.overhead - 1:+.1%} (apply_plan recomputes both and checks the program)\n"
+        f"{plan.overhead - 1:+.1%} (apply_plan walks it again under these costs and checks it)\n"
         f"  program: {len(plan.program)} instructions ({runs} op runs, {moved} offloads), "
         "backward from "
         f"{plan.backward_start}\n"
-        f"  for a graph of {meta.get('n_nodes')} ATen nodes, {len(meta.get('params', []))} "
-        f"parameters, inputs {meta.get('inputs')}"
+        f"  for a graph of {meta.n_nodes} ATen nodes, {len(meta.params)} parameters, inputs "
+        f"{[list(shape) for shape, _, _ in meta.inputs]}, "
+        + (f"{meta.costs.model} costs" if meta.costs else "costs not recorded (version 1)")
     )
-    for note in plan.notes:
-        print(f"  note: {note}")
+    if args.verbose:
+        for note in plan.notes:
+            print(f"  note: {note}")
     return 0
 
 
@@ -374,6 +460,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         print(bench_zoo())
         return 0
     if args.solvers:
+        from bench import MissingExtra
         from bench.solvers import bench_solvers, bench_zoo
 
         print(bench_solvers(), flush=True)
