@@ -292,7 +292,11 @@ def hf_checkpointing(problem: Problem) -> Imported:
     """Hugging Face's `gradient_checkpointing_enable()`: each decoder layer's forward under
     non-reentrant checkpoint (transformers' default), nothing saved inside. On a model that
     is no `PreTrainedModel`, the same wrap on its repeated layers."""
-    layers = decoder_layers(_model(problem))
+    model = _model(problem)
+    diffusers = callable(getattr(model, "enable_gradient_checkpointing", None)) and getattr(
+        model, "_supports_gradient_checkpointing", False
+    )
+    layers = diffusers_checkpointed(problem) if diffusers else decoder_layers(model)
     regions = [region(problem, m) for m in layers]
     return _imported(
         problem,
@@ -304,6 +308,36 @@ def hf_checkpointing(problem: Problem) -> Imported:
     )
 
 
+def diffusers_checkpointed(problem: Problem) -> list[str]:
+    """The submodules diffusers' `enable_gradient_checkpointing()` runs under checkpoint
+    (its blocks call `self._gradient_checkpointing_func(resnet, ...)`): found by one
+    forward on fake inputs shaped as traced, with a recording function in its place."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from core.trace.call import fake_call
+
+    model: Any = _model(problem)
+    trace = problem.graph.trace
+    name_of = {id(m): n for n, m in model.named_modules()}
+    found: list[str] = []
+
+    def record(module: nn.Module, *args: Any) -> Any:
+        found.append(name_of[id(module)])
+        return module(*args)
+
+    device = next(model.parameters()).device
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
+    args, kwargs, _ = fake_call(inputs, trace.call, device, mode)
+    model.enable_gradient_checkpointing(gradient_checkpointing_func=record)
+    try:
+        with mode:
+            model(*args, **kwargs)
+    finally:
+        model.disable_gradient_checkpointing()
+    return found
+
+
 @contextmanager
 def _hf_running(model: nn.Module, layers: tuple[str, ...]) -> Iterator[None]:
     """transformers' own `activation_checkpointing_enable()` (or `gradient_checkpointing_
@@ -313,6 +347,13 @@ def _hf_running(model: nn.Module, layers: tuple[str, ...]) -> Iterator[None]:
     enable: Any = getattr(model, "activation_checkpointing_enable", None) or getattr(
         model, "gradient_checkpointing_enable", None
     )
+    if getattr(model, "_supports_gradient_checkpointing", False):  # diffusers
+        model.enable_gradient_checkpointing()  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            model.disable_gradient_checkpointing()  # type: ignore[operator]
+        return
     if enable is not None and getattr(model, "supports_gradient_checkpointing", False):
         enable()
         names = ("activation_checkpointing_disable", "gradient_checkpointing_disable")
@@ -639,15 +680,17 @@ def autosac(
     args: Sequence[Any],
     kwargs: dict[str, Any] | None = None,
     targets: Sequence[torch.Tensor] = (),
+    units: Sequence[str] | None = None,
 ) -> Imported:
     """PyTorch's automatic SAC for `budget` (bytes beyond parameters and inputs, or a
     fraction of the store-all peak), solved on the model called with `args`/`kwargs`:
     its stats collected under fake tensors (MemTracker, RuntimeEstimator and SACEstimator
     in "operator-level-benchmark" mode, each op timed for real), `sac_milp` over the
     decoder layers, each chosen layer checkpointed with its per-op policy. `bound` is its
-    own peak bound less the parameters (comparable to ours)."""
+    own peak bound less the parameters (comparable to ours). `units`: the submodules it
+    may checkpoint (default: the decoder layers)."""
     model = _model(problem)
-    layers = decoder_layers(model)
+    layers = list(units) if units is not None else decoder_layers(model)
     want = int(budget * problem.store_all_peak) if isinstance(budget, float) else int(budget)
     solution = solve_autosac(model, layers, want, args, kwargs or {}, problem.loss_fn, targets)
     nodes = problem.graph.trace.nodes

@@ -42,6 +42,11 @@ def _case(name: str):
         ids, labels = (torch.randint(0, 128, (2, 64), generator=g) for _ in range(2))
         model.set_attn_implementation("eager")
         return model, (ids,), {"use_cache": False}, token_loss, (labels,)
+    if name == "diffusers-unet":
+        from sample_models import diffusers_zoo
+
+        c = diffusers_zoo.unet()
+        return c.model, c.args, c.kwargs, c.loss_fn, c.targets
     model, args, kwargs, loss_fn, targets = case(name)
     if name.startswith("hf-"):
         model.set_attn_implementation("eager")
@@ -73,6 +78,14 @@ def test_hf_checkpointing_exact(one_thread, name: str) -> None:
     assert len(imported.modules) == 2 and imported.prediction.overhead > 1
 
 
+def test_diffusers_checkpointing_exact(one_thread) -> None:
+    """diffusers' `enable_gradient_checkpointing()`: its blocks checkpoint their resnets (the
+    mid block's first one aside), found by a recording run."""
+    imported = _check("diffusers-unet", lambda p, *_: strategies.hf_checkpointing(p))
+    assert "mid_block.resnets.1" in imported.modules
+    assert "mid_block.resnets.0" not in imported.modules
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_torchtitan_selective_exact(one_thread, name: str) -> None:
     imported = _check(name, lambda p, *_: strategies.torchtitan_selective(p))
@@ -80,7 +93,7 @@ def test_torchtitan_selective_exact(one_thread, name: str) -> None:
     assert any(r.cached for r in imported.regions)  # it saves its matmuls
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [*MODELS, "diffusers-unet"])
 def test_torchtune_offload_exact(one_thread, name: str) -> None:
     imported = _check(name, lambda p, *_: strategies.torchtune_offload(p))
     assert imported.offloaded and not imported.regions
