@@ -175,6 +175,18 @@ def _parser() -> argparse.ArgumentParser:
         help="only the Hugging Face zoo of --solvers (needs the bench extra's transformers)",
     )
     s.add_argument("--app", action="store_true", help="app slider latency in a browser")
+    s.add_argument(
+        "--validate",
+        action="store_true",
+        help="predicted against measured peaks, gradients and times of our plans "
+        "(`remat bench --device cuda --validate`; `--device cpu`: the dry run)",
+    )
+    s.add_argument(
+        "--tables",
+        action="store_true",
+        help="published GPU memory tables predicted from their configurations "
+        "(`--out docs/gpu-tables.md` writes the document)",
+    )
     s.set_defaults(run=_bench)
 
     s = sub.add_parser("link", help="measure the host link offloading plans copy over")
@@ -446,10 +458,20 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     if "-h" in rest or "--help" in rest:
         print(
-            "remat bench --runtime | --solvers | --zoo | --app: runtime overhead and op-cost "
-            "calibration, solver quality and speed (--zoo: on the Hugging Face zoo only), app "
-            "latency.\nWithout those, the side-by-side benchmark:\n"
+            "remat bench --runtime | --solvers | --zoo | --app | --validate | --tables: runtime "
+            "overhead and op-cost calibration, solver quality and speed (--zoo: on the Hugging "
+            "Face zoo only), app latency, predictions against a GPU's measurements "
+            "(--device cuda --validate), published GPU tables.\nWithout those, the "
+            "side-by-side benchmark:\n"
         )
+    if args.validate:
+        from bench.validate import main as validate_main
+
+        return validate_main(rest)
+    if args.tables:
+        from bench.gpu_tables import main as tables_main
+
+        return tables_main(rest)
     if args.runtime:
         from bench.runtime import main as runtime_main
 

@@ -1,0 +1,850 @@
+"""Published GPU memory tables, reproduced from their configurations (`remat bench --tables`).
+
+Nobody here has run CUDA, so the device model is checked against measurements other people
+published. Each row of `ROWS` is one published figure written down as its configuration: the
+model's shape, the batch, the precision, the attention it ran, the activation checkpointing,
+how its framework holds parameters, gradients and optimizer state, and the parallelism. From
+that configuration alone the whole step is predicted:
+
+- parameters, gradients, optimizer state: bytes per trainable parameter on one device (`State`),
+  the parameters counted on the model built on the meta device;
+- the parallelism's own buffers (`FSDP`: the unsharded parameters gathered for compute and one
+  layer's gradients before their reduce-scatter);
+- the step: our planner's peak of activations and temporaries (`core.analyze` on the meta
+  device with the GPU's preset), for store-all, every layer checkpointed, or torchtitan's
+  selective op policy as a keep set; the batch;
+- what the figure counts beyond the allocator (NVML: the CUDA context the same page measured).
+
+The framework keeps the gradients in buffers of its own (Megatron's fp32 `main_grad`, FSDP's
+sharded fp32 gradients, the Trainer's `.grad` kept across steps by `zero_grad()`), counted once
+under gradients; the gradient autograd makes is added into it and freed, so the step term is
+the planner's activations and temporaries, not its gradients.
+
+The residual is (predicted - measured) / measured. A row more than `TOLERANCE` off must name its
+reason (`Row.reason`); `check` says which do not. Adding a row is writing its configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import core
+from core.errors import fmt_bytes
+from core.plan import Plan
+from core.problem import Problem
+from core.schedule import plan_from_runs, store_all_plan
+from core.simulator import graph_dag
+from core.solvers.keep_sets import Recompute
+from core.trace.autocast import Autocast
+from sample_models.zoo import ZooCase
+
+MIB, GIB = 1 << 20, 1 << 30
+TOLERANCE = 0.10  # a row further off than this must name its reason
+DOC = Path(__file__).resolve().parent.parent / "docs" / "gpu-tables.md"
+
+# What each published figure counts (read in the frameworks' sources, cited per row).
+COUNTS: dict[str, str] = {
+    "allocated": "`torch.cuda.max_memory_allocated` (`allocated_bytes.all.peak`): the blocks "
+    "the caching allocator handed out, each request rounded up to 512 B, an unsplit cached "
+    "block counted whole",
+    "reserved": "`torch.cuda.max_memory_reserved` (`reserved_bytes.all.peak`): the segments the "
+    "caching allocator holds from `cudaMalloc`, allocated blocks and cached free ones",
+    "nvml": "NVML's `used` memory of the whole GPU (`nvidia-smi`): the CUDA context and "
+    "kernels, the allocator's reserved segments and library workspaces",
+}
+STRATEGIES: dict[str, str] = {
+    "none": "no step: what stays allocated between steps",
+    "store_all": "every activation kept (plain PyTorch)",
+    "checkpoint_blocks": "every layer checkpointed (its input kept, the rest recomputed)",
+    "selective_op": "torchtitan's selective op checkpointing of every layer",
+}
+
+
+@dataclass(frozen=True)
+class State:
+    """How a framework holds each trainable parameter on one device: bytes per parameter."""
+
+    params: float
+    grads: float
+    optimizer: float
+    describe: str
+
+
+@dataclass(frozen=True)
+class FSDP:
+    """FSDP2 over `degree` ranks with a mixed-precision policy: besides each rank's shards
+    (in `State`), the step holds the unsharded parameters in `param_bytes` per parameter for
+    the root module (embeddings, final norm, output: gathered through forward and backward)
+    and two layers (the current and the prefetched one), and one layer's unsharded gradients
+    in the autograd dtype (`param_bytes`) and cast to `reduce_bytes` for the reduce-scatter."""
+
+    degree: int
+    param_bytes: int = 2
+    reduce_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published figure and the configuration that produced it."""
+
+    table: str  # the table it belongs to, e.g. "Megatron-LM functional tests, A100"
+    label: str  # the row, as the source names it
+    source: str  # where the figure is: URL at a commit or version
+    counts: str  # a key of COUNTS
+    measured: int  # bytes, as published (MiB and GiB converted exactly)
+    device: str  # the core.costs preset the step is traced for
+    build: Callable[[], ZooCase]  # the model and one step's call, on the meta device
+    strategy: str  # a key of STRATEGIES
+    state: State
+    fsdp: FSDP | None = None
+    fixed: int = 0  # bytes the source itself measured outside the step (the CUDA context)
+    fixed_what: str = ""
+    attention: str | None = None  # the SDPA kernel assumed where the device cannot tell
+    autocast: tuple[tuple[str, str], ...] = ()  # e.g. (("cuda", "float16"),)
+    config: str = ""  # the configuration, in the source's words
+    reason: str = ""  # why the residual is what it is (required beyond TOLERANCE)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A row's whole-step prediction, by part; `refused` instead when the planner refused it."""
+
+    row: Row
+    n_params: int = 0
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    parallel: int = 0
+    step: int = 0  # activations + temporaries at the step's peak, and the batch
+    kernels: tuple[str, ...] = ()  # the attention ops the traced step holds
+    refused: str = ""
+    seconds: float = 0.0  # time to trace and plan this row here
+
+    @property
+    def total(self) -> int:
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.parallel
+            + self.step
+            + self.row.fixed
+        )
+
+    @property
+    def residual(self) -> float:
+        """(predicted - measured) / measured; NaN when refused."""
+        if self.refused:
+            return math.nan
+        return (self.total - self.row.measured) / self.row.measured
+
+    @property
+    def needs_reason(self) -> bool:
+        return bool(self.refused) or abs(self.residual) > TOLERANCE
+
+
+# ---------------------------------------------------------------------------------------------
+# The models, built on the meta device as their sources configure them
+
+
+def _lm_case(model: nn.Module, batch: int, seq: int, loss: Callable[..., torch.Tensor]) -> ZooCase:
+    with torch.device("meta"):
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+        labels = torch.zeros(batch, seq, dtype=torch.long)
+    layers = getattr(model.config, "num_hidden_layers", 0)
+    return ZooCase(model.train(), (ids,), {}, loss, (labels,), layers)
+
+
+def fp32_token_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the logits upcast to fp32, as torchtitan's loss."""
+    logits = output.logits
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+class _MegatronCrossEntropy(torch.autograd.Function):
+    """Megatron's vocab-parallel cross-entropy on one rank (megatron/core/tensor_parallel/
+    cross_entropy.py): the logits upcast to fp32, the softmax saved, the backward updating the
+    saved softmax in place into the logits' gradient. Its forward works in place too; traced
+    out of place here (the tracer refuses an in-place op on a tensor read before it)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = logits.float()
+        x = x - x.max(dim=-1)[0].unsqueeze(-1)
+        predicted = x.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        x = torch.exp(x)
+        total = x.sum(dim=-1)
+        loss = torch.log(total) - predicted
+        x = x / total.unsqueeze(-1)
+        ctx.save_for_backward(x, target)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        softmax, target = ctx.saved_tensors
+        ones = torch.full_like(target, -1.0, dtype=softmax.dtype).unsqueeze(-1)
+        softmax.scatter_add_(-1, target.unsqueeze(-1), ones)
+        softmax.mul_(grad.unsqueeze(-1))
+        return softmax, None
+
+
+def megatron_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Megatron's GPT loss: per-token cross-entropy over [sequence, batch] logits, averaged."""
+    logits = output.logits.transpose(0, 1)
+    return _MegatronCrossEntropy.apply(logits, labels.transpose(0, 1).contiguous()).mean()
+
+
+def megatron_gpt(attention: str) -> Callable[[], ZooCase]:
+    """Megatron-LM's functional-test GPT: 12 layers, hidden 512, 8 heads, sequence 1024,
+    GPT-2's vocabulary padded to a multiple of 128 (50,304), tied embeddings, learned
+    positions, dropout 0.1, bf16 parameters; micro-batch 4. Megatron's bias-GeLU is one
+    kernel: GeLU's tanh form as one op. `attention`: "eager" for the unfused backend,
+    "sdpa" for the fused one."""
+
+    def build() -> ZooCase:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            **_kw(
+                vocab_size=50304,
+                n_positions=1024,
+                n_embd=512,
+                n_layer=12,
+                n_head=8,
+                activation_function="gelu_pytorch_tanh",
+                attn_implementation=attention,
+            )
+        )
+        with torch.device("meta"):
+            model: nn.Module = GPT2LMHeadModel(cfg)
+            model = model.to(torch.bfloat16)
+        return _lm_case(model, 4, 1024, megatron_loss)
+
+    return build
+
+
+def llama31_8b(batch: int = 2, seq: int = 8192) -> Callable[[], ZooCase]:
+    """Llama 3.1 8B as torchtitan's `8B` flavour: dim 4096, 32 layers, 32 heads, 8 KV heads,
+    FFN 14,336, vocabulary 128,256, RoPE theta 500,000, untied output; bf16 compute (FSDP's
+    mixed-precision policy), loss over fp32 logits."""
+
+    def build() -> ZooCase:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(
+            **_kw(
+                vocab_size=128256,
+                hidden_size=4096,
+                intermediate_size=14336,
+                num_hidden_layers=32,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                rope_theta=500000.0,
+                max_position_embeddings=seq,
+                tie_word_embeddings=False,
+                attn_implementation="sdpa",
+            )
+        )
+        with torch.device("meta"):
+            model: nn.Module = LlamaForCausalLM(cfg)
+            model = model.to(torch.bfloat16)
+        return _lm_case(model, batch, seq, fp32_token_loss)
+
+    return build
+
+
+def bert_large(batch: int, seq: int = 512) -> Callable[[], ZooCase]:
+    """`bert-large-uncased` for sequence classification (2 labels), fp32: 24 layers, hidden
+    1024, 16 heads, FFN 4096, vocabulary 30,522; the attention as transformers 4.21 wrote it
+    (eager: matmul, softmax, dropout, matmul); the loss computed by the model from `labels`."""
+
+    def build() -> ZooCase:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        cfg = BertConfig(
+            **_kw(
+                vocab_size=30522,
+                hidden_size=1024,
+                num_hidden_layers=24,
+                num_attention_heads=16,
+                intermediate_size=4096,
+                max_position_embeddings=512,
+                num_labels=2,
+                attn_implementation="eager",
+            )
+        )
+        with torch.device("meta"):
+            model = BertForSequenceClassification(cfg)
+            ids = torch.zeros(batch, seq, dtype=torch.long)
+            labels = torch.zeros(batch, dtype=torch.long)
+        return ZooCase(model.train(), (ids,), {"labels": labels}, _own_loss, (), 24)
+
+    return build
+
+
+def _kw(**kwargs: Any) -> dict[str, Any]:
+    """A config's keywords (transformers' configs take more than their signatures say)."""
+    return kwargs
+
+
+def _own_loss(output: Any) -> torch.Tensor:
+    return output.loss
+
+
+# ---------------------------------------------------------------------------------------------
+# The rows
+
+_MEGATRON = (
+    "https://github.com/NVIDIA/Megatron-LM/tree/d98e8a64ddf34856e74b24714e3bedb2f5a39553/"
+    "tests/functional_tests/test_cases/gpt/"
+)
+_TITAN = (
+    "https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/"
+    "benchmarks/llama3_h100_202412_torchtitan.md"
+)
+_HF = "https://huggingface.co/docs/transformers/v4.21.0/perf_train_gpu_one"
+
+# Megatron, bf16 with the distributed optimizer over 8 data-parallel ranks: bf16 parameters,
+# an fp32 main_grad buffer, and an fp32 master copy plus Adam's two fp32 moments sharded 8 ways.
+MEGATRON_STATE = State(2, 4, 12 / 8, "bf16 params, fp32 main grads, fp32 master + Adam / 8")
+# FSDP2, fp32 parameters sharded 8 (or 128) ways, fp32 gradients and AdamW's moments likewise.
+TITAN_STATE = State(4 / 8, 4 / 8, 8 / 8, "fp32 params, grads and AdamW sharded / 8")
+TITAN_128_STATE = State(4 / 128, 4 / 128, 8 / 128, "fp32 params, grads and AdamW sharded / 128")
+# The Trainer: fp32 parameters and gradients, AdamW's two fp32 moments (also under fp16 amp).
+TRAINER_STATE = State(4, 4, 8, "fp32 params, fp32 grads, AdamW")
+WEIGHTS_ONLY = State(4, 0, 0, "fp32 params")
+HF_CONTEXT = 1343 * MIB  # the page's own reading after `torch.ones((1, 1)).to("cuda")`
+
+_MEGATRON_CONFIG = (
+    "12 layers, hidden 512, 8 heads, seq 1024, micro-batch 4, global batch 32 on 8 A100s "
+    "(TP 1, PP 1, DP 8), bf16, distributed optimizer, Transformer Engine layers"
+)
+_MEGATRON_WHY = (
+    "Megatron allocates besides the model: torch's cuBLAS workspaces (CUBLAS_WORKSPACE_CONFIG="
+    ":4096:8, 32 MiB) and Transformer Engine's, the gradient buckets' padding; ~71 MB are "
+    "held between steps that this row does not model"
+)
+_MEGATRON_PEAK_WHY = (
+    "both peaks are in the loss's backward, where our trace holds a copy of the saved fp32 "
+    "softmax (4 x 1024 x 50,304, 0.82 GB) that Megatron's cross-entropy backward updates in "
+    "place (the tracer functionalizes in-place writes to saved tensors); net of that copy both "
+    "rows are ~0.45 GB under, which we do not explain (Transformer Engine's fused layers, not "
+    "modelled, against GPT-2's). The fused row's attention is the flash kernel: out and a "
+    "log-sum-exp per row; the two rows differ by 1.91 GB predicted, 1.96 GB measured"
+)
+_TITAN_CONFIG = (
+    "Llama 3.1 8B, FSDP2 (bf16 params, fp32 reduce), local batch 2, seq 8192, selective op "
+    "AC (save every second mm, SDPA), AdamW, no compile"
+)
+_TITAN_WHY = (
+    "reserved, not allocated: FSDP2 all-gathers and reduce-scatters on their own streams, "
+    "whose blocks the caching allocator keeps in separate pools, and the fp32 logits "
+    "(2 x 8192 x 128,256, 8 GiB each) leave cached segments no smaller request reuses"
+)
+_BERT_WHY = (
+    "NVML counts reserved segments (allocated plus the allocator's cache, after the AdamW "
+    "update's temporaries) and cuBLAS's workspace; the context is the page's own 1343 MiB"
+)
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "Megatron-LM functional tests, A100",
+        "between steps (mem-allocated-bytes), unfused",
+        _MEGATRON + "gpt3_mcore_te_tp1_pp1_dist_optimizer_no_mmap_bin_files",
+        "allocated",
+        552_128_512,
+        "a100",
+        megatron_gpt("eager"),
+        "none",
+        MEGATRON_STATE,
+        config=_MEGATRON_CONFIG,
+        reason=_MEGATRON_WHY,
+    ),
+    Row(
+        "Megatron-LM functional tests, A100",
+        "peak (mem-max-allocated-bytes), unfused attention",
+        _MEGATRON + "gpt3_mcore_te_tp1_pp1_dist_optimizer_no_mmap_bin_files",
+        "allocated",
+        4_673_069_568,
+        "a100",
+        megatron_gpt("eager"),
+        "store_all",
+        MEGATRON_STATE,
+        config=_MEGATRON_CONFIG + "; --attention-backend unfused",
+        reason=_MEGATRON_PEAK_WHY,
+    ),
+    Row(
+        "Megatron-LM functional tests, A100",
+        "peak (mem-max-allocated-bytes), fused attention",
+        _MEGATRON + "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
+        "allocated",
+        2_711_714_304,
+        "a100",
+        megatron_gpt("sdpa"),
+        "store_all",
+        MEGATRON_STATE,
+        attention="flash",
+        config=_MEGATRON_CONFIG + "; attention backend auto (Transformer Engine's fused)",
+        reason=_MEGATRON_PEAK_WHY,
+    ),
+    Row(
+        "torchtitan Llama 3.1 8B, H100 (Table 1)",
+        "FSDP, 8 GPUs",
+        _TITAN,
+        "reserved",
+        round(82.4 * GIB),
+        "h100",
+        llama31_8b(),
+        "selective_op",
+        TITAN_STATE,
+        fsdp=FSDP(8),
+        attention="flash",
+        config=_TITAN_CONFIG + "; 8 GPUs, global batch 16",
+        reason=_TITAN_WHY,
+    ),
+    Row(
+        "torchtitan Llama 3.1 8B, H100 (Table 3)",
+        "FSDP, 128 GPUs",
+        _TITAN,
+        "reserved",
+        round(67.0 * GIB),
+        "h100",
+        llama31_8b(),
+        "selective_op",
+        TITAN_128_STATE,
+        fsdp=FSDP(128),
+        attention="flash",
+        config=_TITAN_CONFIG + "; 128 GPUs, global batch 256",
+        reason=_TITAN_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "model loaded",
+        _HF,
+        "nvml",
+        2631 * MIB,
+        "v100",
+        bert_large(1),
+        "none",
+        WEIGHTS_ONLY,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        config="bert-large-uncased on the GPU, no training",
+        reason=_BERT_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "vanilla, batch 4",
+        _HF,
+        "nvml",
+        14949 * MIB,
+        "v100",
+        bert_large(4),
+        "store_all",
+        TRAINER_STATE,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        config="Trainer, AdamW (adamw_hf), fp32, per-device batch 4, seq 512",
+        reason=_BERT_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "batch 1, gradient accumulation 4",
+        _HF,
+        "nvml",
+        8681 * MIB,
+        "v100",
+        bert_large(1),
+        "store_all",
+        TRAINER_STATE,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        config="Trainer, AdamW, fp32, per-device batch 1, 4 accumulation steps, seq 512",
+        reason=_BERT_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "batch 1, accumulation 4, gradient checkpointing",
+        _HF,
+        "nvml",
+        6775 * MIB,
+        "v100",
+        bert_large(1),
+        "checkpoint_blocks",
+        TRAINER_STATE,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        config="as above, gradient_checkpointing=True (every BertLayer)",
+        reason=_BERT_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "batch 4, fp16",
+        _HF,
+        "nvml",
+        13939 * MIB,
+        "v100",
+        bert_large(4),
+        "store_all",
+        TRAINER_STATE,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        autocast=(("cuda", "float16"),),
+        config="Trainer, AdamW, fp16=True (CUDA autocast, GradScaler), batch 4, seq 512",
+        reason=_BERT_WHY,
+    ),
+    Row(
+        "Hugging Face perf_train_gpu_one, V100 16 GB",
+        "batch 1, accumulation 4, checkpointing, fp16",
+        _HF,
+        "nvml",
+        7275 * MIB,
+        "v100",
+        bert_large(1),
+        "checkpoint_blocks",
+        TRAINER_STATE,
+        fixed=HF_CONTEXT,
+        fixed_what="CUDA context",
+        autocast=(("cuda", "float16"),),
+        config="Trainer, AdamW, fp16, batch 1, 4 accumulation steps, gradient checkpointing",
+        reason=_BERT_WHY,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+
+
+def predict(row: Row) -> Prediction:
+    """The whole-step prediction of `row` from its configuration; a planner refusal (or a
+    model the installed libraries cannot build) becomes the prediction's `refused` text."""
+    start = time.perf_counter()
+    try:
+        case = row.build()
+        n_params = sum(p.numel() for p in case.model.parameters() if p.requires_grad)
+        step, kernels = (0, ()) if row.strategy == "none" else _step_peak(row, case)
+    except Exception as e:  # a row the planner refuses is reported, not fatal
+        return Prediction(row, refused=f"{type(e).__name__}: {e}"[:300])
+    state = row.state
+    return Prediction(
+        row,
+        n_params,
+        round(state.params * n_params),
+        round(state.grads * n_params),
+        round(state.optimizer * n_params),
+        _fsdp_buffers(row.fsdp, case) if row.fsdp and row.strategy != "none" else 0,
+        step,
+        kernels,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def analyze_row(row: Row, case: ZooCase) -> Problem:
+    """`core.analyze` of the row's step for its device preset (and its attention, where the
+    device model takes one)."""
+    extra: dict[str, Any] = {}
+    if row.attention is not None and _takes_attention():
+        extra["attention"] = row.attention
+    return core.analyze(
+        case.model,
+        case.args,
+        case.kwargs,
+        loss_fn=case.loss_fn,
+        targets=case.targets,
+        device=row.device,
+        autocast=Autocast(row.autocast),
+        name=row.label,
+        **extra,
+    )
+
+
+def _takes_attention() -> bool:
+    """Whether `core.analyze` has the device model's `attention=` choice yet."""
+    import inspect
+
+    return "attention" in inspect.signature(core.analyze).parameters
+
+
+def _step_peak(row: Row, case: ZooCase) -> tuple[int, tuple[str, ...]]:
+    """The step's peak of activations and temporaries under the row's strategy, plus the
+    batch; and the attention ops the trace holds."""
+    problem = analyze_row(row, case)
+    _check_autocast(problem, row)
+    plan = strategy_plan(problem, row.strategy, case.model)
+    peak = max(s.activations + s.temporaries for s in plan.timeline)
+    return peak + problem.input_bytes, attention_ops(problem)
+
+
+class AutocastNotTraced(RuntimeError):
+    """The row's autocast left no tensor of its dtype in the trace: the step traced is not
+    the row's (torch.autocast("cuda") is disabled on a torch without CUDA)."""
+
+
+def _check_autocast(problem: Problem, row: Row) -> None:
+    """Refuse a row whose autocast dtype appears nowhere in its trace."""
+    for device, dtype in row.autocast:
+        if not any(s.dtype == dtype for n in problem.graph.trace.nodes for s in n.specs):
+            raise AutocastNotTraced(
+                f"autocast({device}, {dtype}) left no {dtype} tensor in the trace: this torch "
+                f"cannot trace {device}'s autocast policy, so the step traced would be the "
+                "full-precision one"
+            )
+
+
+def strategy_plan(problem: Problem, strategy: str, model: nn.Module) -> Plan:
+    """The plan a strategy runs: store-all, every layer checkpointed, or torchtitan's
+    selective op policy."""
+    if strategy == "store_all":
+        return store_all_plan(problem)
+    if strategy == "checkpoint_blocks":
+        return core.solve(problem, problem.store_all_peak, "checkpoint_blocks")
+    if strategy == "selective_op":
+        return selective_op_plan(problem, model)
+    raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+
+
+# torchtitan's `_save_list` (torchtitan/parallelisms/parallelize_llama.py at 9dec370): the
+# outputs its policy must save; `aten.mm` only every second one within a layer's forward.
+TITAN_SAVE = frozenset(
+    {
+        "aten.mm",
+        "aten._scaled_dot_product_efficient_attention",
+        "aten._scaled_dot_product_flash_attention",
+        "_c10d_functional.reduce_scatter_tensor",
+        "aten.abs",
+        "aten.max",
+    }
+)
+
+
+def selective_op_plan(problem: Problem, model: nn.Module) -> Plan:
+    """torchtitan's selective op checkpointing as a keep set: in each layer, the outputs of
+    its `TITAN_SAVE` ops (every odd-numbered `aten.mm` of the layer's forward, counted from
+    1), and the layer's input (checkpoint keeps its inputs); everything outside the layers
+    kept; the rest recomputed in the backward (`Recompute`)."""
+    graph = problem.graph
+    layer_names = _layer_names(model)
+    keep: set[int] = set()
+    mm_count: dict[str, int] = {}
+    for block in problem.blocks:
+        if block.output_value is not None:
+            keep.add(block.output_value)
+        layer = _layer_of(block.name, layer_names)
+        for o in block.forward_ops:
+            op = graph.ops[o]
+            if layer is None:
+                keep.update(op.outputs)
+                continue
+            if op.label not in TITAN_SAVE:
+                continue
+            if op.label == "aten.mm":
+                mm_count[layer] = mm_count.get(layer, 0) + 1
+                if mm_count[layer] % 2 == 0:
+                    continue
+            keep.update(op.outputs)
+    dag = graph_dag(graph)
+    kept = frozenset(v for v in keep if v in dag.sizes)
+    runs = [dag.order[i] for i in Recompute(dag).runs(kept)]
+    return plan_from_runs(problem, runs, dag.n_forward, "selective_op", problem.store_all_peak)
+
+
+def _layer_names(model: nn.Module) -> list[str]:
+    """Names of the model's repeated layers (bench.strategies.find_blocks), longest first."""
+    from bench.strategies import find_blocks
+
+    layers = {id(m) for m in find_blocks(model)}
+    names = [n for n, m in model.named_modules() if id(m) in layers]
+    return sorted(names, key=len, reverse=True)
+
+
+def _layer_of(block_name: str, layer_names: Sequence[str]) -> str | None:
+    for name in layer_names:
+        if block_name == name or block_name.startswith(name + "."):
+            return name
+    return None
+
+
+def attention_ops(problem: Problem) -> tuple[str, ...]:
+    """The attention kernels the traced forward holds (fused SDPA ops), or the unfused
+    marker: the softmax ops of a matrix attention."""
+    labels = [problem.graph.ops[o].label for o in problem.graph.forward_ops]
+    fused = sorted({lb for lb in labels if "scaled_dot_product" in lb})
+    if fused:
+        return tuple(fused)
+    return ("matrix (softmax)",) if any("softmax" in lb for lb in labels) else ()
+
+
+def _fsdp_buffers(fsdp: FSDP, case: ZooCase) -> int:
+    """FSDP2's unsharded buffers during the step (see `FSDP`)."""
+    model = case.model
+    names = _layer_names(model)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    per_layer = [sum(k for n, k in sizes.items() if n.startswith(f"{m}.")) for m in names]
+    layer = max(per_layer, default=0)
+    root = sum(sizes.values()) - sum(per_layer)
+    gathered = (root + 2 * layer) * fsdp.param_bytes
+    return gathered + layer * (fsdp.param_bytes + fsdp.reduce_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+def predict_all(
+    rows: Sequence[Row] = ROWS, log: Callable[[str], None] = lambda _: None
+) -> list[Prediction]:
+    """Every row's prediction, in order; `log` hears each as it finishes."""
+    out = []
+    for row in rows:
+        p = predict(row)
+        log(f"{row.table} / {row.label}: {_residual_text(p)} ({p.seconds:.0f} s)")
+        out.append(p)
+    return out
+
+
+def check(predictions: Sequence[Prediction]) -> list[str]:
+    """The rows beyond TOLERANCE (or refused) that name no reason: should be empty."""
+    return [
+        f"{p.row.table} / {p.row.label}"
+        for p in predictions
+        if p.needs_reason and not p.row.reason.strip()
+    ]
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3f}"
+
+
+def _residual_text(p: Prediction) -> str:
+    return "refused" if p.refused else f"{p.residual:+.1%}"
+
+
+def markdown_table(predictions: Sequence[Prediction]) -> str:
+    """One Markdown table: measured against predicted (GB = 1e9 B) and its parts."""
+    head = (
+        "| table | row | counts | measured GB | predicted GB | residual | params | grads | "
+        "optimizer | parallel | step | fixed | attention traced | reason |\n"
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"
+    )
+    lines = [head]
+    for p in predictions:
+        r = p.row
+        if p.refused:
+            lines.append(
+                f"| {r.table} | {r.label} | {r.counts} | {_gb(r.measured)} | - | refused | "
+                f"| | | | | | | {p.refused} |"
+            )
+            continue
+        why = r.reason if p.needs_reason else (r.reason or "within 10%")
+        lines.append(
+            f"| {r.table} | {r.label} | {r.counts} | {_gb(r.measured)} | {_gb(p.total)} | "
+            f"{_residual_text(p)} | {_gb(p.parameters)} | {_gb(p.gradients)} | "
+            f"{_gb(p.optimizer)} | {_gb(p.parallel)} | {_gb(p.step)} | {_gb(r.fixed)} | "
+            f"{', '.join(p.kernels) or '-'} | {why} |"
+        )
+    return "\n".join(lines)
+
+
+def configurations(rows: Sequence[Row]) -> str:
+    """Each row's configuration and source, as a Markdown list."""
+    out = []
+    for r in rows:
+        extra = [STRATEGIES[r.strategy], r.state.describe]
+        if r.fsdp:
+            extra.append(f"FSDP over {r.fsdp.degree} ranks")
+        if r.attention:
+            extra.append(f"attention assumed: {r.attention}")
+        if r.autocast:
+            extra.append(Autocast(r.autocast).describe())
+        if r.fixed:
+            extra.append(f"{r.fixed_what} {fmt_bytes(r.fixed)} as published")
+        out.append(
+            f"- **{r.table} / {r.label}** ({r.device}): {r.config}. Predicted with: "
+            f"{'; '.join(extra)}. Source: {r.source}"
+        )
+    return "\n".join(out)
+
+
+def document(predictions: Sequence[Prediction], environment: str) -> str:
+    """docs/gpu-tables.md: what each figure counts, the table, the configurations."""
+    counts = "\n".join(f"- **{k}**: {v}" for k, v in COUNTS.items())
+    unchecked = check(predictions)
+    status = (
+        f"Rows beyond {TOLERANCE:.0%} without a named reason: {', '.join(unchecked)}."
+        if unchecked
+        else f"Every row beyond {TOLERANCE:.0%} (or refused) names its reason."
+    )
+    return (
+        "# Published GPU tables, predicted from their configurations\n\n"
+        "Generated by `remat bench --tables --out docs/gpu-tables.md` (bench/gpu_tables.py): "
+        "do not edit by hand. Each row is one published measurement, written down as its "
+        "configuration (`bench.gpu_tables.ROWS`); the prediction is the whole step's: "
+        "parameters, gradients and optimizer state per trainable parameter as the framework "
+        "holds them, the parallelism's buffers, our planner's peak of activations and "
+        "temporaries for the step traced on the meta device for the GPU's preset, and what "
+        "the figure counts beyond the allocator. Residual = (predicted - measured) / "
+        f"measured. GB = 1e9 bytes.\n\n{environment}\n\n"
+        f"## What each figure counts\n\n{counts}\n\n"
+        f"## The rows\n\n{markdown_table(predictions)}\n\n{status}\n\n"
+        f"## Configurations and sources\n\n{configurations([p.row for p in predictions])}\n"
+    )
+
+
+def _environment() -> str:
+    import transformers
+
+    attention = "takes attention=" if _takes_attention() else "has no attention= yet"
+    return (
+        f"Run {_dt.date.today():%Y-%m-%d} on this CPU-only machine: torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; core.analyze {attention}."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`remat bench --tables [--out PATH] [--rows SUBSTRING]`."""
+    p = argparse.ArgumentParser(prog="remat bench --tables", description=__doc__)
+    p.add_argument("--out", help="write the Markdown document here (docs/gpu-tables.md)")
+    p.add_argument("--rows", help="only rows whose table or label contains this text")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    rows = [r for r in ROWS if not args.rows or args.rows.lower() in f"{r.table} {r.label}".lower()]
+    predictions = predict_all(rows, log=lambda text: print(text, flush=True))
+    print(markdown_table(predictions))
+    missing = check(predictions)
+    if args.out:
+        Path(args.out).write_text(document(predictions, _environment()))
+        print(f"wrote {args.out}")
+    if missing:
+        print(f"rows beyond {TOLERANCE:.0%} with no reason named: {', '.join(missing)}")
+        return 1
+    return 0
+
+
+__all__ = [
+    "COUNTS",
+    "FSDP",
+    "ROWS",
+    "STRATEGIES",
+    "TOLERANCE",
+    "Prediction",
+    "Row",
+    "State",
+    "check",
+    "document",
+    "main",
+    "markdown_table",
+    "predict",
+    "predict_all",
+    "selective_op_plan",
+    "strategy_plan",
+]

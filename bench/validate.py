@@ -1,0 +1,543 @@
+"""`remat bench --device cuda --validate`: the one command to run the day a GPU is at hand.
+
+On a sample GPT and two Hugging Face models (each with its default attention), for fp32 and
+bf16 autocast, and for store-all, every block checkpointed and ours (rockmate) at 50% of the
+store-all peak, each plan run by the interpreter and natively, it measures one training step
+from the same state as eager's and prints one table:
+
+- predicted peak (the plan's, or the native simulation's) against the measured one: on CUDA
+  `torch.cuda.max_memory_allocated()` minus the allocation the step started from; on CPU the
+  storage tracker (`core.memory.StorageTracker`), where measured = predicted + 4 B (the seed
+  of `loss.backward()`);
+- the allocator's bound: the plan's program walked with every storage rounded up to the CUDA
+  caching allocator's 512 B (`round_size` in c10/cuda/CUDACachingAllocator.cpp), below which
+  `max_memory_allocated` cannot be; an unsplit cached block can make it more;
+- gradients against eager's: bit-equal, or the largest absolute difference;
+- step time against eager's: the median of paired ratios (each step right after an eager one).
+
+A row that cannot run (a plan refused, a runtime refusing the model) prints its refusal in
+the row; the command never stops on one. `--device cpu` runs the same matrix on the CPU with
+the tiny models: its structure is what tests/bench/test_validate.py checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import core
+from core.errors import fmt_bytes
+from core.memory import StorageTracker, step_tensors
+from core.plan import Plan
+from core.problem import Problem
+from core.runtime.native import NativeHandle, NativeStep, native_handle
+from core.simulator import walk
+from core.simulator.timeline import step_values
+from sample_models.zoo import ZooCase
+
+ROUND = 512  # bytes: the CUDA caching allocator's request granularity
+SEED_BYTES = 4  # loss.backward()'s seed gradient, allocated outside the plan
+PRECISIONS = ("fp32", "bf16")
+STRATEGIES = ("store_all", "checkpoint_blocks", "ours@50%")
+RUNTIMES = ("interpreter", "native")
+OURS = ("rockmate", 0.5)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model of the matrix: its name and a builder of its step on a device."""
+
+    name: str
+    build: Callable[[torch.device], ZooCase]
+
+
+def _sample_gpt(name: str) -> Callable[[torch.device], ZooCase]:
+    def build(device: torch.device) -> ZooCase:
+        import sample_models
+
+        model, (idx, targets) = sample_models.build(name)
+        config: Any = sample_models.REGISTRY[name].config
+        layers = config.n_layer
+        return ZooCase(model.to(device), (idx.to(device), targets.to(device)), {}, None, (), layers)  # type: ignore[arg-type]
+
+    return build
+
+
+def _hf(
+    kind: str, width: int, layers: int, seq: int, batch: int
+) -> Callable[[torch.device], ZooCase]:
+    """A Hugging Face GPT-2 or Llama of `layers` layers of `width`, from seed 0, with its
+    default attention (SDPA), dropout on (GPT-2's 0.1; Llama's attention 0.1), no key/value
+    cache (training: the native runtime refuses a layer updating a cache it would recompute),
+    one batch of `batch` x `seq` tokens with a padded row, the loss outside the model."""
+
+    def build(device: torch.device) -> ZooCase:
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+        from sample_models.hf_zoo import token_loss
+        from sample_models.zoo import made
+
+        vocab = 4 * width
+        if kind == "gpt2":
+            cfg: Any = GPT2Config(
+                vocab_size=vocab,
+                n_positions=seq,
+                n_embd=width,
+                n_layer=layers,
+                n_head=max(2, width // 64),
+                bos_token_id=vocab - 1,
+                eos_token_id=vocab - 1,
+                use_cache=False,
+            )
+            model = made(lambda: GPT2LMHeadModel(cfg))
+        else:
+            heads = max(4, width // 64)
+            cfg = LlamaConfig(
+                vocab_size=vocab,
+                hidden_size=width,
+                intermediate_size=2 * width,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=heads // 2,
+                max_position_embeddings=seq,
+                attention_dropout=0.1,
+                use_cache=False,
+            )
+            model = made(lambda: LlamaForCausalLM(cfg))
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (batch, seq), generator=g)
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[-1, -3:] = 0  # a padded row: the mask reaches attention
+        labels = torch.randint(0, vocab, (batch, seq), generator=g)
+        return ZooCase(
+            model.to(device),
+            (ids.to(device),),
+            {"attention_mask": mask.to(device)},
+            token_loss,
+            (labels.to(device),),
+            layers,
+        )
+
+    return build
+
+
+# CPU: small configs (a dry run); CUDA: a larger sample GPT and wider, deeper models.
+MODELS = {
+    "cpu": (
+        ModelSpec("gpt-tiny", _sample_gpt("gpt-tiny")),
+        ModelSpec("hf-gpt2", _hf("gpt2", 64, 2, 64, 2)),
+        ModelSpec("hf-llama", _hf("llama", 64, 2, 64, 2)),
+    ),
+    "cuda": (
+        ModelSpec("gpt-small-6l", _sample_gpt("gpt-small-6l")),
+        ModelSpec("hf-gpt2", _hf("gpt2", 512, 6, 512, 4)),
+        ModelSpec("hf-llama", _hf("llama", 512, 6, 512, 4)),
+    ),
+}
+
+
+@dataclass
+class Result:
+    """One row: a plan of one model, precision and strategy, run by one runtime."""
+
+    model: str
+    precision: str
+    strategy: str
+    runtime: str
+    predicted: int | None = None  # bytes
+    measured: int | None = None  # bytes beyond the step's starting allocation
+    bound: int | None = None  # the allocator's lower bound (512 B rounding), bytes
+    grads: str = ""  # "equal" or the max abs difference
+    time_ratio: float = math.nan  # step time / eager's, median of paired ratios
+    note: str = ""  # a refusal or failure, in words
+
+    @property
+    def difference(self) -> int | None:
+        """measured - predicted: SEED_BYTES on CPU when the prediction is exact."""
+        if self.predicted is None or self.measured is None:
+            return None
+        return self.measured - self.predicted
+
+
+@dataclass
+class _Step:
+    """How to run one step of a case: eager or a planned module, under the precision."""
+
+    case: ZooCase
+    autocast: Callable[[], AbstractContextManager[Any]]
+    run: nn.Module | None = None  # the planned module; None: eager
+
+    def __call__(self) -> torch.Tensor:
+        c = self.case
+        with self.autocast():
+            if self.run is not None:
+                if c.loss_fn is None:
+                    loss = self.run(*c.args, **c.kwargs)
+                else:
+                    loss = self.run(*c.args, **c.kwargs, targets=c.targets)
+            else:
+                out = c.model(*c.args, **c.kwargs)
+                loss = out if c.loss_fn is None else c.loss_fn(out, *c.targets)
+        loss.backward()
+        return loss
+
+
+@dataclass
+class _Bench:
+    """Runs steps of one case from one starting state, and measures them on `device`."""
+
+    case: ZooCase
+    device: torch.device
+    seed: int = 0
+    start: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.start:
+            self.start = {k: v.detach().clone() for k, v in self.case.model.state_dict().items()}
+
+    def reset(self) -> None:
+        model = self.case.model
+        model.load_state_dict(self.start)
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(self.seed)
+
+    def grads(self, step: _Step) -> dict[str, torch.Tensor]:
+        self.reset()
+        step()
+        return {
+            n: p.grad.detach().clone()
+            for n, p in self.case.model.named_parameters()
+            if p.grad is not None
+        }
+
+    def peak(self, step: _Step) -> int:
+        self.reset()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            step()
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - before
+        c = self.case
+        given = [x for x in (*c.args, *c.kwargs.values(), *c.targets) if torch.is_tensor(x)]
+        with StorageTracker(step_tensors(c.model, given)) as tracker:
+            step()
+        return tracker.peak
+
+    def time(self, step: _Step) -> float:
+        self.reset()
+        self._sync()
+        t = time.perf_counter()
+        step()
+        self._sync()
+        return time.perf_counter() - t
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def grads_against(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> str:
+    """'equal' when every gradient is torch.equal to eager's, else the largest difference."""
+    if grads.keys() != ref.keys():
+        return f"different parameters have gradients ({len(grads)} vs eager's {len(ref)})"
+    if all(torch.equal(grads[k], ref[k]) for k in ref):
+        return "equal"
+    worst = max((grads[k].float() - ref[k].float()).abs().max().item() for k in ref)
+    return f"max |diff| {worst:.1e}"
+
+
+def allocator_bound(problem: Problem, plan: Plan) -> int:
+    """The plan's peak with every storage rounded up to ROUND bytes, plus the rounded seed:
+    the least `max_memory_allocated` can rise by on CUDA for this program."""
+    graph = problem.graph
+    sizes, initial, arriving = step_values(graph)
+    rounded = {v: -(-n // ROUND) * ROUND for v, n in sizes.items()}
+    walked = walk(
+        graph.ops,
+        plan.program,
+        plan.backward_start,
+        rounded,
+        initial=initial,
+        arriving=arriving,
+        final=graph.final_values,
+    )
+    return walked.peak + ROUND
+
+
+def _plans(problem: Problem) -> dict[str, Plan | str]:
+    """Each strategy's plan, or its refusal in words."""
+    out: dict[str, Plan | str] = {}
+    for name in STRATEGIES:
+        try:
+            if name == "store_all":
+                out[name] = core.solve(problem, problem.store_all_peak, "store_all")
+            elif name == "checkpoint_blocks":
+                out[name] = core.solve(problem, problem.store_all_peak, "checkpoint_blocks")
+            else:
+                method, fraction = OURS
+                out[name] = core.solve(problem, fraction, method)
+        except Exception as e:
+            out[name] = _refusal(e)
+    return out
+
+
+def _refusal(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:160]
+
+
+def _autocast(device: torch.device, precision: str) -> Callable[[], AbstractContextManager[Any]]:
+    if precision == "fp32":
+        return nullcontext
+    return lambda: torch.autocast(device.type, torch.bfloat16)
+
+
+def _planned(case: ZooCase, plan: Plan, runtime: str) -> tuple[nn.Module, int]:
+    """The planned module of `runtime` and the peak it predicts."""
+    if runtime == "interpreter":
+        return core.apply_plan(case.model, plan, loss_fn=case.loss_fn), plan.predicted_peak
+    run = core.apply_plan(case.model, plan, runtime="native", loss_fn=case.loss_fn)
+    handle = _handle(run)
+    predicted = handle.prediction.peak if handle is not None else plan.predicted_peak
+    return run, predicted
+
+
+def _handle(run: nn.Module) -> NativeHandle | None:
+    """The native wrappers a planned module runs, None for the interpreter."""
+    return native_handle(run.model if isinstance(run, NativeStep) else run)
+
+
+def validate_model(
+    spec: ModelSpec,
+    device: torch.device,
+    preset: str,
+    reps: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[Result]:
+    """Every row of one model: both precisions, every strategy, both runtimes."""
+    rows: list[Result] = []
+    for precision in PRECISIONS:
+        try:
+            case = spec.build(device)
+        except Exception as e:
+            rows += _failed_rows(spec.name, precision, f"model not built: {_refusal(e)}")
+            continue
+        autocast = _autocast(device, precision)
+        bench = _Bench(case, device)
+        # native plans wrap the analysed model's layers (a plan binds to the model analysed),
+        # so eager, the reference and the timing pairs, runs on a second instance from the
+        # same state
+        plain = _Bench(spec.build(device), device, start=bench.start)
+        eager = _Step(plain.case, autocast)
+        try:
+            with autocast():
+                problem = core.analyze(
+                    case.model,
+                    case.args,
+                    case.kwargs,
+                    loss_fn=case.loss_fn,
+                    targets=case.targets,
+                    device=preset,
+                    name=spec.name,
+                )
+            ref = plain.grads(eager)
+        except Exception as e:
+            rows += _failed_rows(spec.name, precision, f"not analysed: {_refusal(e)}")
+            continue
+        log(f"{spec.name} {precision}: analysed, {len(problem.graph.ops)} ops")
+        for strategy, plan in _plans(problem).items():
+            for runtime in RUNTIMES:
+                row = Result(spec.name, precision, strategy, runtime)
+                rows.append(row)
+                if isinstance(plan, str):
+                    row.note = plan
+                    continue
+                _measure(row, bench, plain, eager, ref, problem, plan, reps)
+                log(f"  {strategy} {runtime}: {row.note or row.grads}")
+    return rows
+
+
+def _measure(
+    row: Result,
+    bench: _Bench,
+    eager_bench: _Bench,
+    eager: _Step,
+    ref: dict[str, torch.Tensor],
+    problem: Problem,
+    plan: Plan,
+    reps: int,
+) -> None:
+    """Fill one row: build the runtime's module on `bench`'s model, then gradients, peak and
+    times, each paired with an eager step on `eager_bench`'s."""
+    try:
+        run, row.predicted = _planned(bench.case, plan, row.runtime)
+    except Exception as e:
+        row.note = f"{row.runtime} refused: {_refusal(e)}"
+        return
+    step = _Step(bench.case, eager.autocast, run)
+    try:
+        if row.runtime == "interpreter":
+            row.bound = allocator_bound(problem, plan)
+        row.grads = grads_against(bench.grads(step), ref)
+        row.measured = bench.peak(step)
+        ratios = []
+        for _ in range(reps):
+            before = eager_bench.time(eager)
+            ratios.append(bench.time(step) / before)
+        row.time_ratio = statistics.median(ratios) if ratios else math.nan
+    except Exception as e:
+        row.note = f"failed: {_refusal(e)}"
+    finally:
+        handle = _handle(run)
+        if handle is not None:
+            handle.remove()
+
+
+def _failed_rows(model: str, precision: str, note: str) -> list[Result]:
+    return [Result(model, precision, s, r, note=note) for s in STRATEGIES for r in RUNTIMES]
+
+
+def run_matrix(
+    device: str = "cpu",
+    models: Sequence[ModelSpec] | None = None,
+    reps: int | None = None,
+    preset: str | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[Result]:
+    """The whole matrix on `device` ("cpu" or "cuda[:i]"): one Result per model, precision,
+    strategy and runtime, in that order."""
+    dev = torch.device(device)
+    kind = "cuda" if dev.type == "cuda" else "cpu"
+    specs = MODELS[kind] if models is None else tuple(models)
+    reps = reps if reps is not None else (5 if kind == "cuda" else 1)
+    preset = preset or (_preset(dev) if kind == "cuda" else "cpu")
+    rows: list[Result] = []
+    with _one_thread(kind):
+        for spec in specs:
+            rows += validate_model(spec, dev, preset, reps, log)
+    return rows
+
+
+@contextmanager
+def _one_thread(kind: str) -> Iterator[None]:
+    """One CPU thread on the CPU (steady times on a shared machine); as is on a GPU."""
+    if kind != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _preset(device: torch.device) -> str:
+    """The core.costs preset of the GPU at hand (by its name), h100 when unknown."""
+    name = torch.cuda.get_device_name(device).lower()
+    return next((p for p in ("a100", "h100", "v100", "rtx4090") if p[:4] in name), "h100")
+
+
+COLUMNS = (
+    "model",
+    "precision",
+    "strategy",
+    "runtime",
+    "predicted",
+    "measured",
+    "measured-predicted",
+    "allocator bound",
+    "grads vs eager",
+    "time / eager",
+    "note",
+)
+
+
+def format_table(rows: Sequence[Result]) -> str:
+    """One plain-text table of every row, bytes in B (exact) and the note last."""
+    cells = [COLUMNS] + [
+        (
+            r.model,
+            r.precision,
+            r.strategy,
+            r.runtime,
+            _b(r.predicted),
+            _b(r.measured),
+            _b(r.difference),
+            _b(r.bound),
+            r.grads or "-",
+            "-" if math.isnan(r.time_ratio) else f"{r.time_ratio:.2f}x",
+            r.note,
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(c[i])) for c in cells) for i in range(len(COLUMNS) - 1)]
+    lines = []
+    for c in cells:
+        lead = "  ".join(str(x).ljust(w) for x, w in zip(c[:-1], widths))
+        lines.append(f"{lead}  {c[-1]}".rstrip())
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _b(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def summary(rows: Sequence[Result], device: str) -> str:
+    """One line: rows run, exact (CPU) or within the allocator's bound (CUDA), refused."""
+    ran = [r for r in rows if r.measured is not None]
+    refused = len(rows) - len(ran)
+    equal = sum(r.grads == "equal" for r in ran)
+    if device.startswith("cuda"):
+        within = sum(r.bound is not None and r.measured >= r.bound for r in ran if r.measured)
+        memory = f"{within} of {sum(r.bound is not None for r in ran)} at or above the bound"
+    else:
+        exact = sum(r.difference == SEED_BYTES for r in ran)
+        memory = f"{exact} exact (measured = predicted + {SEED_BYTES} B)"
+    return (
+        f"{len(rows)} rows: {len(ran)} ran ({memory}; {equal} with gradients equal to "
+        f"eager's), {refused} refused or failed"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`remat bench --validate [--device cuda] [--reps N] [--preset h100]`."""
+    p = argparse.ArgumentParser(prog="remat bench --validate", description=__doc__)
+    p.add_argument("--device", default="cpu", help="cuda (the GPU at hand) or cpu (dry run)")
+    p.add_argument("--reps", type=int, help="paired timing repetitions (default cuda 5, cpu 1)")
+    p.add_argument("--preset", help="core.costs preset for op times (default: from the GPU)")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {args.device}: no CUDA device here; `--device cpu` runs the dry run")
+        return 2
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        print(f"--device {args.device}: choose cuda or cpu")
+        return 2
+    start = time.perf_counter()
+    where = torch.cuda.get_device_name(args.device) if args.device != "cpu" else "CPU"
+    print(f"remat bench --validate on {where}, torch {torch.__version__}", flush=True)
+    rows = run_matrix(
+        args.device,
+        reps=args.reps,
+        preset=args.preset,
+        log=lambda text: print(text, flush=True),
+    )
+    print(format_table(rows))
+    print(summary(rows, args.device))
+    print(f"in {time.perf_counter() - start:.0f} s; bytes in B; {fmt_bytes(ROUND)} rounding")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
