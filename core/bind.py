@@ -1,138 +1,155 @@
-"""Bind a plan to a model: a plan + a model (+ its loss_fn) -> a checked, bound program.
+"""Bind a plan to a model: a plan + a model (+ its loss_fn) -> a checked, simulated program.
 
-Nothing in a plan is trusted: it may come from a file someone edited. A plan not bound to
-this very model is checked against the model's own trace: the recorded graph metadata
-(`core.plan_io.check_graph_meta`), the model's parameters, then a retrace on fake inputs shaped
-and passed as the plan records (nothing is allocated, however large the shapes) and the graph
-fingerprint; an unbound plan is then bound to that trace, so its predictions are recomputed,
-not read from a file. Last, its program is checked by `core.validate.check_program`.
+Nothing in a plan is trusted: it may come from a file someone edited. A plan made on this very
+model in this process is bound as it is. Any other (a `SavedPlan` read from a file, or a plan
+made on another model) is checked against the model: the recorded graph metadata
+(`core.plan_io.check_graph_meta`), the model's parameters and optimizer, then the one retrace
+(`core.problem.trace_recorded`: fake inputs shaped and passed as recorded, under the recorded
+autocast, loss head and costs) and its graph fingerprint. The plan's program is then walked on
+that problem: a plan file's recorded figures must come out the same, since the costs are its
+own. Last, its program is checked by `core.validate.check_program`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from core.errors import PlanMismatch, UnsupportedModel
+from core.errors import PlanMismatch, UnsupportedModel, fmt_bytes
 from core.graph import Graph
 from core.optimizer_step import describe_optimizer_difference, optimizer_data
-from core.plan import Plan
+from core.plan import Plan, SavedPlan
 from core.plan_io import check_graph_meta
-from core.problem import Problem, analyze
-from core.trace import Autocast, CallSpec, TensorSpec, describe_difference, join_call
-from core.trace.loss_head import LossHead
+from core.problem import Problem, trace_recorded
+from core.simulator import Simulation
+from core.trace import TensorSpec, describe_difference
 from core.validate import check_program
 
 
 @dataclass(frozen=True)
-class Bound:
-    """A plan checked against a model: the plan (bound to a problem), the graph of the
-    model's trace its program runs on, and the loss_fn the step applies."""
+class BoundPlan:
+    """A plan checked against a model: the plan, the problem (the model's trace) its program
+    runs on, its simulation there, and the loss_fn the step applies."""
 
     plan: Plan
-    graph: Graph
+    problem: Problem
+    simulation: Simulation
     loss_fn: Callable[..., torch.Tensor] | None
+
+    @property
+    def graph(self) -> Graph:
+        return self.problem.graph
 
 
 def bind(
     model: nn.Module,
-    plan: Plan,
+    plan: Plan | SavedPlan,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-) -> Bound:
-    """`plan` checked against `model` and bound to a problem. A plan made on this very model
+) -> BoundPlan:
+    """`plan` checked against `model` and bound to its trace. A plan made on this very model
     in this process is used as it is (its loss_fn and optimizer the problem's unless others
-    are given); any other is checked against the model's trace (PlanMismatch says what
+    are given); any other is traced again from what it records (PlanMismatch says what
     differs), with `optimizer` bound to the step when the plan runs one (it must be the
     recorded kind and hyperparameters). Then its program is validated (InvalidPlan names the
     step and the reason)."""
-    problem = plan.problem
-    same = problem is not None and problem.model_ref is not None and problem.model_ref() is model
-    if same and problem is not None and optimizer is not None:  # another optimizer: retrace
-        same = problem.optimizer_step is not None and problem.optimizer_step.optimizer is optimizer
-    if same and problem is not None:
-        graph, loss_fn = problem.graph, loss_fn or problem.loss_fn
-    else:
-        mine = _problem_for(model, plan, loss_fn, optimizer)
-        graph = mine.graph
-        if problem is None or mine.optimizer_step is not None:
-            plan = plan.attach(mine)  # the step runs this optimizer, its states
-        elif problem.fingerprint != mine.fingerprint:
-            raise PlanMismatch(
-                "the plan was made for another graph: "
-                + describe_difference(mine.graph.trace, plan.graph_meta)
-            )
-    check_program(plan, plan.attached_problem())
-    return Bound(plan, graph, loss_fn)
+    if isinstance(plan, Plan) and _made_on(plan, model, optimizer):
+        check_program(plan, plan.problem)
+        return BoundPlan(plan, plan.problem, plan.simulate(), loss_fn or plan.problem.loss_fn)
+    saved = plan if isinstance(plan, SavedPlan) else _saved(plan)
+    bound = saved.on(retrace(model, saved, loss_fn, optimizer))
+    check_program(bound, bound.problem)
+    _check_figures(bound, saved)
+    return BoundPlan(bound, bound.problem, bound.simulate(), loss_fn)
 
 
-def _problem_for(
+def retrace(
     model: nn.Module,
-    plan: Plan,
-    loss_fn: Callable[..., torch.Tensor] | None,
+    plan: SavedPlan,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> Problem:
-    """Trace `model` on fake inputs shaped and passed as the plan records (nothing is
-    allocated, however large the recorded shapes) and check the trace is the plan's."""
-    check_graph_meta(plan.graph_meta)
+    """`model`'s step traced as `plan` records it (inputs, call, autocast, loss head, under
+    the recorded costs), checked to be the plan's step (the fingerprint); PlanMismatch says
+    what differs."""
+    meta = plan.graph_meta
+    check_graph_meta(meta.to_data())
     _check_params(model, plan)
     _check_optimizer(model, plan, optimizer)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    with FakeTensorMode():
-        example = [
-            torch.empty(shape, dtype=getattr(torch, dtype), device=device).requires_grad_(grad)
-            for shape, dtype, grad in plan.graph_meta["inputs"]
-        ]
-    meta = plan.graph_meta.get("call")
-    kwargs: dict[str, Any]
-    if meta is None:  # plans from before keyword inputs: positional tensors
-        args, kwargs, targets = tuple(example), {}, ()
-    elif meta["tree"] is None:
+    if meta.call is not None and meta.call_spec is None:
         raise PlanMismatch(
             "this plan's call holds arguments a plan file cannot carry (custom containers or "
             "objects): apply the plan in the process that made it (core.apply_plan(model, plan))"
         )
-    else:
-        args, kwargs, targets = join_call(example, CallSpec.from_data(meta))
-        if meta["loss"] and loss_fn is None:
-            raise PlanMismatch(
-                "this plan was made with a loss_fn: pass the same one, "
-                "core.apply_plan(model, plan, loss_fn=...)"
-            )
+    if meta.call is not None and meta.call["loss"] and loss_fn is None:
+        raise PlanMismatch(
+            "this plan was made with a loss_fn: pass the same one, "
+            "core.apply_plan(model, plan, loss_fn=...)"
+        )
     try:
-        problem = analyze(
+        problem = trace_recorded(
             model,
-            args,
-            kwargs,
-            loss_fn if meta and meta["loss"] else None,
-            targets,
-            autocast=Autocast.from_data(plan.graph_meta.get("autocast", [])),
-            loss_head=LossHead.from_data(plan.graph_meta.get("loss_head")),
+            meta.inputs,
+            meta.call_spec,
+            loss_fn,
+            costs=meta.costs if meta.costs is not None else "estimated",
+            autocast=meta.autocast,
+            loss_head=meta.loss_head,
             optimizer=optimizer,
         )
     except UnsupportedModel as e:
         raise PlanMismatch(
-            f"the model cannot run on the plan's recorded inputs {plan.graph_meta['inputs']} "
+            f"the model cannot run on the plan's recorded inputs {list(meta.inputs)} "
             f"({e}): the plan was made for other inputs or another model"
         ) from None
     if problem.fingerprint != plan.fingerprint:
         raise PlanMismatch(
             "the model's traced operations differ from the plan's: "
-            + describe_difference(problem.graph.trace, plan.graph_meta)
+            + describe_difference(problem.graph.trace, meta.trace_data())
             + ": make a new plan for this model"
         )
     return problem
 
 
-def _check_optimizer(model: nn.Module, plan: Plan, optimizer: torch.optim.Optimizer | None) -> None:
+def _made_on(plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether `plan` was made on this very model (and runs this optimizer, when given)."""
+    problem = plan.problem
+    if problem.model_ref is None or problem.model_ref() is not model:
+        return False
+    if optimizer is None:
+        return True
+    return problem.optimizer_step is not None and problem.optimizer_step.optimizer is optimizer
+
+
+def _saved(plan: Plan) -> SavedPlan:
+    """A plan made on another model, as its file would hold it."""
+    return SavedPlan.from_data(plan.to_data(), f"the {plan.method} plan")
+
+
+def _check_figures(plan: Plan, saved: SavedPlan) -> None:
+    """A plan bound under its own recorded costs predicts what it recorded, or the binding
+    is not the plan that was shown: PlanMismatch says both."""
+    if saved.graph_meta.costs is None:  # a version 1 file: figured under estimated cpu costs
+        return
+    mine, theirs = plan.prediction, saved.prediction
+    if (mine.peak, mine.time) != (theirs.peak, theirs.time):
+        raise PlanMismatch(
+            f"the plan records a peak of {fmt_bytes(theirs.peak)} and {theirs.time * 1e3:.3f} "
+            f"ms, but walks to {fmt_bytes(mine.peak)} and {mine.time * 1e3:.3f} ms on this "
+            "model under the plan's own costs: the file was edited or made by another "
+            "version; make the plan again"
+        )
+
+
+def _check_optimizer(
+    model: nn.Module, plan: SavedPlan, optimizer: torch.optim.Optimizer | None
+) -> None:
     """The optimizer given must be the one the plan runs in its step (kind, hyperparameters,
     parameters held), or none when the plan runs none."""
-    theirs = plan.graph_meta.get("optimizer")
+    theirs = plan.graph_meta.optimizer
     if theirs is None and optimizer is not None:
         raise PlanMismatch(
             "this plan does not run an optimizer in its step: apply it without optimizer= and "
@@ -153,10 +170,10 @@ def _check_optimizer(model: nn.Module, plan: Plan, optimizer: torch.optim.Optimi
         )
 
 
-def _check_params(model: nn.Module, plan: Plan) -> None:
+def _check_params(model: nn.Module, plan: Plan | SavedPlan) -> None:
     """The model's trainable parameters, names and specs, must be the plan's."""
     mine = [[n, str(TensorSpec.of(p))] for n, p in model.named_parameters() if p.requires_grad]
-    theirs = plan.graph_meta.get("params", [])
+    theirs = [list(p) for p in plan.graph_meta.params]
     if mine != theirs:
         names_mine, names_theirs = {m[0] for m in mine}, {t[0] for t in theirs}
         if names_mine != names_theirs:

@@ -25,16 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
 from core.errors import InfeasibleBudget, RematError
 from core.footprint import OPTIMIZER_STATES, optimizer_bytes
 from core.plan import Plan
-from core.problem import Problem, analyze
+from core.problem import Problem, trace_recorded
 from core.shapes import expand
 from core.solvers import solve
-from core.trace import join_call, split_call
+from core.trace import split_call
 from core.trace.model_call import ModelCall
 
 OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
@@ -95,14 +92,13 @@ class BatchProblems:
     def problem(self, batch: int) -> Problem:
         if batch not in self.problems:
             start = time.perf_counter()
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                fake = [
-                    torch.empty(s, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)
-                    for s, t in zip(self.shapes(batch), self.tensors, strict=True)
-                ]
-            args, kwargs, targets = join_call(fake, self.spec)
-            self.problems[batch] = analyze(
-                self.call.model, args, kwargs, self.call.loss_fn, targets, device=self.device
+            inputs = [
+                (s, t.dtype, t.requires_grad)
+                for s, t in zip(self.shapes(batch), self.tensors, strict=True)
+            ]
+            on = self.tensors[0].device if self.tensors else None
+            self.problems[batch] = trace_recorded(
+                self.call.model, inputs, self.spec, self.call.loss_fn, on, device=self.device
             )
             self.seconds[batch] = time.perf_counter() - start
         return self.problems[batch]

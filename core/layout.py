@@ -106,7 +106,7 @@ def assign_offsets(
 def arena(plan: Plan, alignment: int = 1) -> Arena:
     """The plan's storages laid out in one arena (see the module docstring)."""
     sim = plan.simulate()
-    graph = plan.attached_problem().graph
+    graph = plan.problem.graph
     placements = assign_offsets(lifetimes(graph, sim.timeline, sim.transfers), alignment)
     size = max((p.offset + p.size for p in placements), default=0)
     return Arena(placements, size, sim.peak)

@@ -63,7 +63,7 @@ def lower(plan: Plan, cut_layers: bool | None = None) -> Lowering:
     stretches (`core.native.stretch`); with `cut_layers` (default: for the "native"
     method's plans) a layer may be cut into stretches too, when that peaks lower; else a
     layer runs as one checkpointed submodule, which torch.compile and FSDP2 see whole."""
-    problem = plan.attached_problem()
+    problem = plan.problem
     sim = plan.simulate()
     offloaded = {v for kind, v in plan.program if kind == OFFLOAD}
     kept = sim.live_after(plan.backward_start - 1) | offloaded

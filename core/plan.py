@@ -5,28 +5,31 @@ A program is a list of instructions, plain data (see `core.simulator`): `("run",
 runtime (`core.runtime`) walk the very same program, so the memory timeline the app draws is
 the memory the step uses.
 
-A `Plan` is frozen: a change (notes, a solve time, a binding to a problem) is a new plan. Its
-figures (peak, time, overhead) have one source, its `prediction`: the simulation of its program
-once it is bound to a problem, the figures its file recorded until then. A plan converts to and
-from the plain data a plan file holds (`to_data`, `from_data`; `core.plan_io` reads and writes
-the file).
+A `Plan` is frozen and always belongs to the problem it was made for: its figures (peak,
+time, overhead) are the simulation of its program on that problem, the problem's costs
+included. A plan file holds its plain data (`to_data`): the program, what the step was
+(`core.graph_meta.GraphMeta`: the trace's identity, the cost model and its op times) and the
+figures it predicted. `load_plan` reads one as a `SavedPlan`, plain data whose figures are the
+recorded ones; `core.bind` binds it to a model (one route: trace the model as recorded, under
+the recorded costs), giving a `Plan` again whose figures are those it was saved with, or a
+`PlanMismatch` saying why they cannot be.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from core import plan_io
-from core.errors import PlanMismatch, RematError
+from core.errors import PlanMismatch
+from core.graph_meta import GraphMeta
 from core.problem import Problem
 from core.simulator import Instruction, Simulation, Step, simulate
 from core.trace import describe_difference
 
-# fields a simulation depends on: a plan changed in any other keeps its parent's simulation
+# fields a simulation depends on: a plan changed in any other shares its parent's simulation
 _SIMULATED = frozenset({"program", "backward_start", "problem"})
 
 
@@ -41,67 +44,55 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Plan:
-    """A program for one traced step, with where it came from and what it predicts."""
+    """A program for one traced step (`problem`), with where it came from and what it
+    predicts (its simulation on `problem`)."""
 
     program: list[Instruction]
     backward_start: int
     method: str
     budget: int
-    fingerprint: str
-    problem: Problem | None = field(default=None, repr=False, compare=False)
+    problem: Problem = field(repr=False, compare=False)
     solve_seconds: float = 0.0
     notes: tuple[str, ...] = ()
-    graph_meta: dict = field(default_factory=dict)  # params, inputs: to retrace and compare
-    # the figures a plan file recorded: the prediction until the plan is bound to a problem
-    saved_prediction: Prediction | None = field(default=None, repr=False)
+    # the program's simulation, walked once when first asked for and shared by the plans
+    # `replace` makes without changing what it depends on
+    _simulated: list[Simulation] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(self.notes))
 
+    @property
+    def fingerprint(self) -> str:
+        """The hash of the traced step the plan runs on (`core.trace.fingerprint`)."""
+        return self.problem.fingerprint
+
+    @property
+    def graph_meta(self) -> GraphMeta:
+        """What the plan records of its step (`core.graph_meta.GraphMeta`)."""
+        return self.problem.graph_meta
+
     def replace(self, **changes: Any) -> Plan:
-        """`dataclasses.replace`, keeping the simulation when the program and problem stay."""
-        new = dataclasses.replace(self, **changes)
-        if "_simulation" in self.__dict__ and _SIMULATED.isdisjoint(changes):
-            new.__dict__["_simulation"] = self.__dict__["_simulation"]
-        return new
+        """`dataclasses.replace`, sharing the simulation when the program and problem stay."""
+        if _SIMULATED.isdisjoint(changes):
+            changes["_simulated"] = self._simulated
+        return dataclasses.replace(self, **changes)
 
     def with_notes(self, *notes: str, first: bool = False) -> Plan:
         """The plan with `notes` added after its own (before them when `first`)."""
         return self.replace(notes=(*notes, *self.notes) if first else (*self.notes, *notes))
 
-    def attach(self, problem: Problem) -> Plan:
-        """This plan bound to the problem it was made for (same graph fingerprint): its
-        figures are then simulated on that problem, never read from a file."""
-        if problem.fingerprint != self.fingerprint:
-            raise PlanMismatch(
-                "the plan was made for another graph: "
-                + describe_difference(problem.graph.trace, self.graph_meta)
-            )
-        return self.replace(problem=problem, saved_prediction=None)
-
-    def attached_problem(self) -> Problem:
-        """The problem the plan is attached to; RematError when it is not attached."""
-        if self.problem is None:
-            raise RematError("this plan is not attached to a problem: call plan.attach()")
-        return self.problem
-
     def simulate(self) -> Simulation:
-        """Walk the program once (cached): timeline, peak and time."""
-        return self._simulation
-
-    @cached_property
-    def _simulation(self) -> Simulation:
-        problem = self.attached_problem()
-        return simulate(
-            problem.graph, problem.block_of_op, self.program, self.backward_start, problem.link
-        )
+        """Walk the program once (kept): timeline, peak and time."""
+        if not self._simulated:
+            p = self.problem
+            sim = simulate(p.graph, p.block_of_op, self.program, self.backward_start, p.link)
+            self._simulated.append(sim)
+        return self._simulated[0]
 
     @property
     def prediction(self) -> Prediction:
-        """The plan's figures: simulated when bound to a problem, else its file's."""
-        if self.problem is None and self.saved_prediction is not None:
-            return self.saved_prediction
-        sim, base = self.simulate(), self.attached_problem().store_all_time
+        """The plan's figures: its program simulated on its problem."""
+        sim, base = self.simulate(), self.problem.store_all_time
         return Prediction(sim.peak, sim.time, sim.time / base if base else 1.0)
 
     @property
@@ -143,7 +134,7 @@ class Plan:
             "method": self.method,
             "budget": int(self.budget),
             "fingerprint": self.fingerprint,
-            "graph_meta": self.graph_meta,
+            "graph_meta": self.graph_meta.to_data(),
             "backward_start": int(self.backward_start),
             "program": [[kind, int(target)] for kind, target in self.program],
             "predicted": [
@@ -154,11 +145,56 @@ class Plan:
             "notes": list(self.notes),
         }
 
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan read from a file: plain data, its figures those the file recorded. Apply it
+    (`core.apply_plan`) or bind it (`core.bind`) to a model: that traces the model as the
+    plan records and gives the `Plan` again, or a PlanMismatch saying what differs."""
+
+    program: list[Instruction]
+    backward_start: int
+    method: str
+    budget: int
+    fingerprint: str
+    graph_meta: GraphMeta
+    prediction: Prediction
+    notes: tuple[str, ...] = ()
+
+    @property
+    def predicted_peak(self) -> int:
+        return self.prediction.peak
+
+    @property
+    def predicted_time(self) -> float:
+        return self.prediction.time
+
+    @property
+    def overhead(self) -> float:
+        return self.prediction.overhead
+
+    def on(self, problem: Problem) -> Plan:
+        """The plan on `problem`, a trace of the step it records (same fingerprint), or a
+        PlanMismatch saying what differs. `core.bind` finds that problem from a model."""
+        if problem.fingerprint != self.fingerprint:
+            raise PlanMismatch(
+                "the plan was made for another graph: "
+                + describe_difference(problem.graph.trace, self.graph_meta.trace_data())
+            )
+        return Plan(
+            self.program,
+            self.backward_start,
+            self.method,
+            self.budget,
+            problem,
+            notes=self.notes,
+        )
+
     @classmethod
-    def from_data(cls, data: Any, name: str = "plan") -> Plan:
-        """The plan `to_data` gave, every field checked (`plan_io.check_data`); PlanFileError
-        says what is wrong with `data`. The program is checked against a graph when the plan
-        is applied (`core.bind`)."""
+    def from_data(cls, data: Any, name: str = "plan") -> SavedPlan:
+        """The plan `Plan.to_data` gave, every field checked (`plan_io.check_data`);
+        PlanFileError says what is wrong with `data`. The program is checked against a graph
+        when the plan is bound to a model (`core.bind`)."""
         plan_io.check_data(data, name)
         peak, time, overhead = data["predicted"]
         return cls(
@@ -167,12 +203,12 @@ class Plan:
             method=data["method"],
             budget=data["budget"],
             fingerprint=data["fingerprint"],
+            graph_meta=GraphMeta.from_data(data["graph_meta"]),
+            prediction=Prediction(peak, float(time), float(overhead)),
             notes=tuple(data["notes"]),
-            graph_meta=data["graph_meta"],
-            saved_prediction=Prediction(peak, float(time), float(overhead)),
         )
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_plan(path: str | Path) -> SavedPlan:
     """Read a plan file; never runs code from it. Raises PlanFileError saying what is wrong."""
-    return Plan.from_data(plan_io.read(path), str(path))
+    return SavedPlan.from_data(plan_io.read(path), str(path))

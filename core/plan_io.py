@@ -31,7 +31,7 @@ from core.simulator import KINDS
 from core.trace.autocast import DEVICE_TYPES
 
 FORMAT = "remat-studio-plan"
-VERSION = 1
+VERSION = 2  # 2: graph_meta records the cost model, its op times and host link
 
 # Limits far above any real plan (gpt2-small's file: 31 KB, 13,000 opcodes, depth 4) that keep
 # the scan of a hostile file under a second.
@@ -46,6 +46,7 @@ MAX_INPUTS = 256
 MAX_RANK = 16
 MAX_DIM = 2**31
 MAX_PARAMS = 100_000
+MAX_OPS = 1_000_000  # op times a cost record carries
 MAX_BYTES_FIELD = 2**62  # budget, predicted peak
 
 _SCALARS = {  # opcodes pushing one plain scalar
@@ -272,7 +273,7 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     fields = {"params", "state", "inputs", "n_nodes"}
     if (
         not isinstance(meta, dict)
-        or set(meta) - {"call", "autocast", "loss_head", "optimizer"} != fields
+        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs"} != fields
     ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
@@ -318,6 +319,27 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
             raise bad("loss_head is not {kind: 'chunked', rows: a count or None}")
     if "optimizer" in meta:  # run inside the step (core.optimizer_step.optimizer_data)
         _check_optimizer(meta["optimizer"], len(params), bad)
+    if "costs" in meta:  # core.graph_meta.CostRecord.to_data
+        _check_costs(meta["costs"], bad)
+
+
+def _check_costs(costs: Any, bad: Callable[[str], PlanFileError]) -> None:
+    """{model: "estimated:cpu", times: [seconds per op], link: [d2h, h2d bytes/s]}."""
+    if not (isinstance(costs, dict) and set(costs) == {"model", "times", "link"}):
+        raise bad("costs is not {model, times, link}")
+    model, times, link = costs["model"], costs["times"], costs["link"]
+    if not _is_text(model) or not re.fullmatch(
+        r"(estimated|measured):[A-Za-z0-9_.:-]{1,64}", model
+    ):
+        raise bad(
+            f"costs' model {str(model)[:40]!r} is not 'estimated:<device>' or 'measured:<device>'"
+        )
+    if not (isinstance(times, list) and 0 < len(times) <= MAX_OPS and all(map(_is_number, times))):
+        raise bad(f"costs' times is not a list of 1 to {MAX_OPS} op times in seconds")
+    if not (
+        isinstance(link, list) and len(link) == 2 and all(_is_number(x) and x > 0 for x in link)
+    ):
+        raise bad("costs' link is not [device-to-host, host-to-device] bytes per second")
 
 
 def _check_optimizer(opt: Any, n_params: int, bad: Callable[[str], PlanFileError]) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from core.errors import InfeasibleBudget, RematError, fmt_bytes
+from core.errors import InfeasibleBudget, fmt_bytes
 from core.plan import Plan
 from core.problem import Problem
 from core.schedule import plan_from_runs
@@ -222,8 +222,6 @@ def reorder(plan: Plan) -> Plan:
     """The plan's runs in the order with the lowest simulated peak found (the plan itself if
     no reordering lowers it). Same runs, same pass boundary: the predicted time is unchanged."""
     problem = plan.problem
-    if problem is None:
-        raise RematError("this plan is not attached to a problem: call plan.attach() first")
     runs, n_forward = run_list(plan)
     best = plan
     for _ in range(ROUNDS):  # ties follow the current order: a better order can seed another

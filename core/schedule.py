@@ -34,15 +34,7 @@ def plan_of_program(
     problem: Problem, program: list[Instruction], backward_start: int, method: str, budget: int
 ) -> Plan:
     """A plan of `problem` running `program` (its first `backward_start` steps the forward)."""
-    return Plan(
-        program,
-        backward_start,
-        method,
-        budget,
-        problem.fingerprint,
-        problem=problem,
-        graph_meta=problem.graph_meta,
-    )
+    return Plan(program, backward_start, method, budget, problem)
 
 
 def store_all_plan(problem: Problem, method: str = "store_all", budget: int = 0) -> Plan:

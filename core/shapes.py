@@ -36,14 +36,13 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.errors import InfeasibleBudget, PlanMismatch, RematError, UnsupportedModel
 from core.plan import Plan
-from core.problem import Problem, analyze
+from core.problem import Problem, trace_recorded
 from core.schedule import plan_of_program, store_all_plan
 from core.solvers import METHODS, solve
-from core.trace import TensorSpec, join_call
+from core.trace import TensorSpec
 from core.validate import check_program
 
 # A carried plan saving more than this many times the bytes its shape must save is "far from
@@ -99,7 +98,7 @@ def structure(problem: Problem) -> tuple:
 def carry(plan: Plan, problem: Problem, budget: int) -> Plan | None:
     """`plan`'s program on `problem`, another shape's step of the same structure, simulated
     there (None when the structures differ)."""
-    if structure(plan.attached_problem()) != structure(problem):
+    if structure(plan.problem) != structure(problem):
         return None
     carried = plan_of_program(problem, plan.program, plan.backward_start, plan.method, budget)
     return carried.with_notes(*plan.notes)
@@ -109,7 +108,7 @@ class ShapePlans:
     """The plans of one model for every input shape it meets: made on demand, cached."""
 
     def __init__(self, model: nn.Module, plan: Plan, loss_fn: Callable | None = None) -> None:
-        problem = plan.attached_problem()
+        problem = plan.problem
         self._loss_fn = loss_fn
         trace = problem.graph.trace
         self._model = weakref.ref(model)
@@ -206,23 +205,14 @@ class ShapePlans:
         if model is None:
             raise RematError("the planned model no longer exists")
         problem, trace = self._problem, self._problem.graph.trace
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        with FakeTensorMode():
-            example = [
-                torch.empty(s, dtype=getattr(torch, d), device=device).requires_grad_(
-                    i in self._grads
-                )
-                for i, (s, d) in enumerate(zip(shapes, self._dtypes, strict=True))
-            ]
-        args, kwargs, targets = join_call(example, trace.call)
         costs, _, on = problem.cost_model.partition(":")
+        inputs = [(s, d, i in self._grads) for i, (s, d) in enumerate(zip(shapes, self._dtypes))]
         try:
-            return analyze(
+            return trace_recorded(
                 model,
-                args,
-                kwargs,
+                inputs,
+                trace.call,
                 self._loss_fn,
-                targets,
                 costs=costs,
                 device=on if costs == "estimated" else "cpu",
                 name=problem.name,

@@ -109,11 +109,9 @@ def _apply_rank_plan(model: nn.Module, plan: Plan) -> nn.Module:
     its parameters' local shards must be the replica's (names, shapes, dtypes); the ops are
     checked as they run (the policy's PlanMismatch)."""
     problem = plan.problem
-    if problem is None:
-        raise ParallelError("the layout's rank plan has no problem: make it with parallel_plan")
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     mine = [[n, str(TensorSpec.of(local(p)))] for n, p in params]
-    theirs = plan.graph_meta.get("params", [])
+    theirs = [list(p) for p in plan.graph_meta.params]
     for (n, a), (m, b) in zip(mine, theirs):
         if (n, a) != (m, b):
             raise PlanMismatch(

@@ -22,7 +22,7 @@ from torch import nn
 from core.bind import bind
 from core.errors import InvalidPlan, PlanMismatch
 from core.graph import Graph
-from core.plan import Plan
+from core.plan import Plan, SavedPlan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
 from core.runtime.native import apply_native
 from core.runtime.transfers import HostLane, lane_for
@@ -204,7 +204,7 @@ RUNTIMES = ("interpreter", "native")
 
 def apply_plan(
     model: nn.Module,
-    plan: Plan,
+    plan: Plan | SavedPlan,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     runtime: str = "interpreter",
     shapes: dict[str | int, Any] | None = None,

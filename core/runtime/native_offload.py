@@ -95,7 +95,7 @@ class NativeOffload:
     """The saved-tensor hooks of one lowered plan; `with offload.active(): forward()`."""
 
     def __init__(self, plan: Plan, lowering: Lowering) -> None:
-        trace = plan.attached_problem().graph.trace
+        trace = plan.problem.graph.trace
         making = {node: v for v, node in lowering.offloads}
         self.expected = [
             (n.target, tuple(tuple(s.shape) for s in n.specs), making.get(n.index, -1))

@@ -124,29 +124,45 @@ def solve(
         )
     peak = problem.store_all_peak
     asked = parse_budget(budget, peak)
-    notes = []
+    start = time.perf_counter()
+    # Solvers plan for at most the store-all peak, where nothing needs recomputing; a method
+    # whose least peak is above it (checkpoint_blocks on a model whose blocks join) is
+    # planned at that least peak when the budget allows it.
     effective = min(asked, peak)
-    if asked > peak:
+    try:
+        plan = _solve(problem, effective, method, reorder)
+    except InfeasibleBudget as e:
+        if not peak < e.minimum <= asked:
+            if effective >= problem.floor.nbytes:
+                raise
+            raise InfeasibleBudget(
+                e.budget, e.minimum, e.method, problem.floor.describe()
+            ) from None
+        effective = e.minimum
+        plan = _solve(problem, effective, method, reorder)
+    notes = []
+    if effective > peak:
+        notes.append(
+            f"this method's least peak here, {fmt_bytes(effective)}, is above the store-all "
+            f"peak {fmt_bytes(peak)}: plain PyTorch (store_all) needs less"
+        )
+    elif asked > effective:
         notes.append(
             f"the budget {fmt_bytes(asked)} is above the store-all peak {fmt_bytes(peak)}: "
             f"planned for {fmt_bytes(peak)}, where nothing needs recomputing"
         )
-    start = time.perf_counter()
-    try:
-        if reorder:
-            plan = solve_reordered(problem, effective, SOLVERS[method], method)
-        else:
-            plan = SOLVERS[method](problem, effective)
-    except InfeasibleBudget as e:
-        if effective >= problem.floor.nbytes:
-            raise
-        raise InfeasibleBudget(e.budget, e.minimum, e.method, problem.floor.describe()) from None
     plan = plan.replace(solve_seconds=time.perf_counter() - start, budget=asked)
     plan = plan.with_notes(*notes, first=True)
     if plan.predicted_peak > effective:
         floor = problem.floor.describe() if effective < problem.floor.nbytes else ""
         raise InfeasibleBudget(asked, plan.predicted_peak, method, floor)
     return plan
+
+
+def _solve(problem: Problem, budget: int, method: str, reorder: bool) -> Plan:
+    if reorder:
+        return solve_reordered(problem, budget, SOLVERS[method], method)
+    return SOLVERS[method](problem, budget)
 
 
 def available_methods() -> tuple[str, ...]:

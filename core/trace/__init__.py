@@ -24,7 +24,7 @@ flag). A torch upgrade should touch this package and those three files, no other
 """
 
 from core.trace.autocast import Autocast, autocast_off
-from core.trace.call import CallSpec, join_call, split_call, unflatten_output
+from core.trace.call import CallSpec, fake_call, join_call, split_call, unflatten_output
 from core.trace.capture import capture
 from core.trace.identity import describe_difference, fingerprint, graph_meta
 from core.trace.module_state import ModuleState, Watch
@@ -48,6 +48,7 @@ __all__ = [
     "fast_callable",
     "fingerprint",
     "graph_meta",
+    "fake_call",
     "join_call",
     "split_call",
     "undeclared_writes",

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,27 @@ def join_call(tensors: Sequence[Any], call: CallSpec) -> tuple[tuple, dict, tupl
     leaves = [fixed[i] if i in fixed else next(it) for i in range(call.tree.num_leaves)]
     args, kwargs = pytree.tree_unflatten(leaves, call.tree)
     return args, kwargs, tuple(tensors[n:])
+
+
+def fake_call(
+    inputs: Sequence[tuple[Sequence[int], str | torch.dtype, bool]],
+    call: CallSpec,
+    device: torch.device | str,
+    mode: FakeTensorMode | None = None,
+) -> tuple[tuple, dict, tuple]:
+    """(args, kwargs, targets) of `call` on fake tensors shaped as `inputs` records (shape,
+    dtype, requires grad): the call a recorded step is traced again with, nothing allocated
+    however large the shapes. `mode` is the fake mode they belong to (a new one by default)."""
+    with mode or FakeTensorMode():
+        example = [
+            torch.empty(
+                tuple(shape),
+                dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
+                device=device,
+            ).requires_grad_(grad)
+            for shape, dtype, grad in inputs
+        ]
+    return join_call(example, call)
 
 
 def unflatten_output(leaves: list[Any], spec: Any) -> Any:

@@ -157,7 +157,7 @@ def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
     out = tmp_path / "plan.pkl"
     result = _remat("plan", "mycalls:build", "--budget", "100%", "-o", str(out), path=str(tmp_path))
     assert result.returncode == 0, result.stderr[-800:]
-    assert core.load_plan(out).graph_meta["call"]["loss"]
+    assert core.load_plan(out).graph_meta.call["loss"]
     zoo = _remat(
         "plan",
         "hf-bert",

@@ -93,7 +93,7 @@ def test_zoo_plans_are_exact_with_keywords_and_an_outside_loss(zoo):
 
 
 def _offloaded_bytes(plan: core.Plan) -> int:
-    values = plan.attached_problem().graph.values
+    values = plan.problem.graph.values
     return sum(values[v].nbytes for kind, v in plan.program if kind == OFFLOAD)
 
 
@@ -114,7 +114,6 @@ def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
             forced(problem, pofo, FORCED),
             method="pofo",
             budget=pofo.budget,
-            graph_meta=pofo.graph_meta,
             notes=[f"{FORCED} offloads forced on top of POFO's plan"],
         )
     for plan in (offload, pofo):
@@ -130,8 +129,8 @@ def test_zoo_offload_plans_are_exact_and_round_trip(zoo, tmp_path):
         case, start, core.load_plan(tmp_path / f"{offload.method}.pkl"), eager, loss_fn=case.loss_fn
     )
     first, host = run.plan, run.host_peak  # the plan apply_plan bound to the new trace
-    assert first.attached_problem() is not problem and host == offload.predicted_host_bytes
-    second = core.load_plan(tmp_path / f"{pofo.method}.pkl").attach(first.attached_problem())
+    assert first.problem is not problem and host == offload.predicted_host_bytes
+    second = core.load_plan(tmp_path / f"{pofo.method}.pkl").on(first.problem)
     assert _run_exactly(case, start, second, eager).host_peak == pofo.predicted_host_bytes
     for loaded, plan in ((first, offload), (second, pofo)):
         assert (loaded.program, loaded.predicted_peak) == (plan.program, plan.predicted_peak)

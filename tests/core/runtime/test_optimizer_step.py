@@ -140,7 +140,7 @@ def test_a_saved_plan_binds_its_optimizer_in_a_fresh_model(tmp_path):
     )
     core.solve(problem, 1.0, method="checkpoint_blocks").save(tmp_path / "plan.pkl")
     plan = core.load_plan(tmp_path / "plan.pkl")
-    assert plan.graph_meta["optimizer"]["kind"] == "adamw"
+    assert plan.graph_meta.optimizer["kind"] == "adamw"
     eager, fresh = mlp(), mlp()
     opt_a = torch.optim.AdamW(eager.parameters(), **kw)
     with pytest.raises(core.PlanMismatch, match="optimizer=opt"):

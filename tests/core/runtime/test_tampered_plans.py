@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import core
-from core.errors import PlanFileError, RematError
-from core.plan import Plan
+from core.errors import PlanFileError, PlanMismatch, RematError
+from core.plan import Plan, SavedPlan
 from core.plan_io import MAX_FILE_BYTES, from_bytes
 from core.schedule import plan_from_runs
 from core.simulator import FREE, RUN
@@ -27,7 +27,7 @@ from core.simulator import FREE, RUN
 
 def plan_from_bytes(raw: bytes, name: str = "plan") -> Plan:
     """What load_plan does with a file's bytes."""
-    return Plan.from_data(from_bytes(raw, name), name)
+    return SavedPlan.from_data(from_bytes(raw, name), name)
 
 
 def plan_to_data(plan: Plan) -> dict:
@@ -66,7 +66,7 @@ def _outcome(name: str, model, inputs, want, load, bind=None) -> str:
     try:
         plan = load()
         if bind is not None:
-            plan = plan.attach(bind)
+            plan = plan.on(bind)
         wrapped = core.apply_plan(model, plan)
         plan = wrapped.plan  # bound to the model's trace: its figures recomputed
     except RematError as e:
@@ -156,13 +156,18 @@ def test_tampered_programs_in_files(gpt):
     assert {got[n] for n in got if n not in variants} == {"PlanFileError"}
 
 
-def test_recorded_prediction_is_recomputed_not_read(gpt):
+def test_an_edited_recorded_prediction_is_refused_not_run(gpt):
+    """The figures a plan file records are what the user was shown: bound under the plan's
+    own costs they must come out the same, so an edited figure is a PlanMismatch naming
+    both, never a plan run under figures it does not have."""
     model, inputs, _, plan, want = gpt
     d = dict(plan_to_data(plan), predicted=[1, 1e-9, 0.5])
     loaded = plan_from_bytes(_file(d))
-    assert _outcome("predicted peak set to 1 byte", model, inputs, want, lambda: loaded) == "ran"
-    loaded = core.apply_plan(model, loaded).plan  # a plan is frozen: apply binds a new one
-    assert loaded.predicted_peak == plan.predicted_peak != 1
+    assert _outcome("predicted peak set to 1 byte", model, inputs, want, lambda: loaded) == (
+        "PlanMismatch"
+    )
+    with pytest.raises(PlanMismatch, match=r"records a peak of 1 B .* walks to"):
+        core.apply_plan(model, loaded)
 
 
 def test_swapped_dropouts_are_refused():

@@ -22,7 +22,7 @@ from app import cli
 from core.costs import DEVICES, host_link, measure_link
 from core.errors import InfeasibleBudget, PlanFileError
 from core.frontier import minimum_budget
-from core.plan import Plan
+from core.plan import Plan, SavedPlan
 from core.runtime import PlannedModule
 from core.schedule import store_all_plan
 from core.simulator import (
@@ -222,33 +222,33 @@ def test_invalid_offload_programs_are_refused_naming_the_step(gpt):
     value = plan.program[i][1]
     name = problem.graph.values[value].name
     no_prefetch = Plan(
-        plan.program[:i] + plan.program[i + 1 :], plan.backward_start, "x", 0, plan.fingerprint
+        plan.program[:i] + plan.program[i + 1 :], plan.backward_start, "x", 0, problem
     )
     with pytest.raises(InvalidPlan, match=rf"step \d+: .* reads {name}, which is not live, parked"):
-        check_program(no_prefetch.attach(problem), problem)
+        check_program(no_prefetch, problem)
     j = next(i for i, (kind, _) in enumerate(plan.program) if kind == OFFLOAD)
     no_offload = Plan(
-        plan.program[:j] + plan.program[j + 1 :], plan.backward_start - 1, "x", 0, plan.fingerprint
+        plan.program[:j] + plan.program[j + 1 :], plan.backward_start - 1, "x", 0, problem
     )
     with pytest.raises(InvalidPlan, match=rf"step {i - 1}: prefetches {name}, which was never"):
-        check_program(no_offload.attach(problem), problem)
+        check_program(no_offload, problem)
     param = problem.graph.values[0]
-    params = Plan([(OFFLOAD, 0), *plan.program], plan.backward_start + 1, "x", 0, plan.fingerprint)
+    params = Plan([(OFFLOAD, 0), *plan.program], plan.backward_start + 1, "x", 0, problem)
     with pytest.raises(InvalidPlan, match=f"step 0: offloads {param.name}, which is not a live"):
-        check_program(params.attach(problem), problem)
+        check_program(params, problem)
 
 
 def test_offload_plans_round_trip_through_plan_files(tmp_path, gpt):
     _, _, problem = gpt
     plan = core.solve(problem, 0.5, "offload")
     plan.save(tmp_path / "plan.pkl")
-    loaded = core.load_plan(tmp_path / "plan.pkl").attach(problem)
+    loaded = core.load_plan(tmp_path / "plan.pkl").on(problem)
     assert loaded.program == plan.program
     assert loaded.predicted_host_bytes == plan.predicted_host_bytes
     data = plan.to_data()
     data["program"][3] = ["spill", 0]
     with pytest.raises(PlanFileError, match=r"program step 3.*run\|free\|offload\|prefetch"):
-        Plan.from_data(data)
+        SavedPlan.from_data(data)
 
 
 def test_offload_plans_on_other_devices_are_refused_not_run(gpt):

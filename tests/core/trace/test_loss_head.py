@@ -172,7 +172,7 @@ def test_a_saved_chunked_plan_binds_to_a_fresh_model(gpt, tmp_path):
     plan.save(tmp_path / "plan.pkl")
     twin, _ = tiny_gpt()
     run = core.apply_plan(twin, core.load_plan(tmp_path / "plan.pkl"))
-    assert run.plan.attached_problem().loss_head == LossHead("chunked")
+    assert run.plan.problem.loss_head == LossHead("chunked")
     peak, loss, grads = measured_step(twin, inputs, run=run)
     assert peak == plan.predicted_peak + SEED_BYTES
     want_loss, want = eager_step(model, inputs, LossHead("chunked"), seed=1)

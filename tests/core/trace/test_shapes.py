@@ -78,7 +78,7 @@ def test_a_carried_plan_is_the_first_plans_program_and_is_cached(tiny, monkeypat
     x = _batch(inputs, 4, 62)
     entry = run.plan_for(*x)
     assert entry.path == "carried" and entry.plan.program == plan.program
-    assert entry.problem.store_all_peak < plan.attached_problem().store_all_peak
+    assert entry.problem.store_all_peak < plan.problem.store_all_peak
     assert entry.plan.predicted_peak < plan.predicted_peak  # sizes simulated anew
 
     def no_trace(*args, **kwargs):
