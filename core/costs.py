@@ -24,6 +24,7 @@ from core.graph import Graph, Op
 from core.interpret import resolve, run_node
 from core.simulator import Link
 from core.trace import AtenNode, Ref, Trace
+from core.trace.device import DeviceModel
 
 # Host links as measured by others (sources in docs/tuning.md); CPU: a host copy is a memcpy,
 # reading and writing each byte once at the 35 GB/s measured below, hence 17.5 GB/s.
@@ -44,6 +45,10 @@ class DeviceSpec:
     fresh_bandwidth: float = math.inf
     fresh_threshold: int = 0
     link: Link = field(default_factory=lambda: PCIE4)  # host link: offloads and prefetches
+    # what the trace is made for (core.trace.device): the device type and, for a GPU, its
+    # compute capability, which picks its attention kernels (core.trace.attention)
+    type: str = "cuda"
+    capability: tuple[int, int] | None = None
 
 
 # "cpu": this machine (AMD EPYC, 2 cores), 1 thread: matmul rate, memory traffic, page faults
@@ -62,9 +67,18 @@ DEVICES: dict[str, DeviceSpec] = {
         fresh_bandwidth=1.8e9,
         fresh_threshold=32 << 20,
         link=Link(d2h=17.5e9, h2d=17.5e9),
+        type="cpu",
     ),
     # A100 SXM4 80 GB: 19.5 TFLOP/s fp32, 312 bf16, HBM2e 2,039 GB/s.
-    "a100": DeviceSpec("a100", 19.5e12 * _C, 2039e9 * _B, 5e-6, half_flops=312e12 * _C, link=PCIE4),
+    "a100": DeviceSpec(
+        "a100",
+        19.5e12 * _C,
+        2039e9 * _B,
+        5e-6,
+        half_flops=312e12 * _C,
+        link=PCIE4,
+        capability=(8, 0),
+    ),
     # H100 SXM5 80 GB: 67 TFLOP/s fp32, 989 bf16, HBM3 3,350 GB/s.
     "h100": DeviceSpec(
         "h100",
@@ -73,10 +87,17 @@ DEVICES: dict[str, DeviceSpec] = {
         5e-6,
         half_flops=989e12 * _C,
         link=Link(d2h=52.8e9, h2d=35e9),
+        capability=(9, 0),
     ),
     # V100 SXM2 32 GB: 15.7 TFLOP/s fp32, 125 fp16 tensor, HBM2 900 GB/s.
     "v100": DeviceSpec(
-        "v100", 15.7e12 * _C, 900e9 * _B, 5e-6, half_flops=125e12 * _C, link=Link(12e9, 12e9)
+        "v100",
+        15.7e12 * _C,
+        900e9 * _B,
+        5e-6,
+        half_flops=125e12 * _C,
+        link=Link(12e9, 12e9),
+        capability=(7, 0),
     ),
     # RTX 4090: 82.6 TFLOP/s fp32, 165.2 fp16 tensor (fp32 accumulate), GDDR6X 1,008 GB/s.
     "rtx4090": DeviceSpec(
@@ -86,10 +107,28 @@ DEVICES: dict[str, DeviceSpec] = {
         5e-6,
         half_flops=165.2e12 * _C,
         link=Link(24.7e9, 24.7e9),
+        capability=(8, 9),
     ),
 }
 
 MODELS = ("estimated", "measured")
+
+
+def device_model(device: str, attention: str = "auto") -> DeviceModel:
+    """The device model a step is traced for on the preset `device` ("h100"), assuming
+    `attention` first ("auto": torch's own order; core.trace.attention)."""
+    spec = _device_spec(device)
+    return DeviceModel(spec.name, spec.type, spec.capability, attention)
+
+
+def detected_model(device: torch.device, attention: str = "auto") -> DeviceModel:
+    """The device model of a real device tensors sit on: CPU, or a CUDA GPU by its compute
+    capability (named by the preset with that capability, else "cuda")."""
+    if device.type != "cuda":
+        return DeviceModel("cpu", "cpu", None, attention)
+    cap = torch.cuda.get_device_capability(device)
+    name = next((n for n, s in DEVICES.items() if s.capability == cap), "cuda")
+    return DeviceModel(name, "cuda", cap, attention)
 
 
 def host_link(cost_model: str) -> Link:

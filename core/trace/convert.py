@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from core.errors import UnsupportedModel
+from core.trace.attention import REPLAYS_SAVED_SEED
 from core.trace.nodes import AtenNode, Ref, TensorSpec
 from core.trace.op_schema import user_frame, written_args
 
@@ -101,7 +102,8 @@ def _fill_op(node: AtenNode, fx_node: torch.fx.Node, index: dict[torch.fx.Node, 
     node.kwargs = dict(torch.fx.node.map_arg(fx_node.kwargs, lambda n: Ref(index[n])))
     node.reads = tuple(index[n] for n in fx_node.all_input_nodes)
     node.writes = written_args(fx_node, index)
-    node.random = torch.Tag.nondeterministic_seeded in getattr(fx_node.target, "tags", ())
+    seeded = torch.Tag.nondeterministic_seeded in getattr(fx_node.target, "tags", ())
+    node.random = seeded and fx_node.target not in REPLAYS_SAVED_SEED
     node.module = (fx_node.meta.get("custom") or {}).get("module")
     node.seq_nr = int(fx_node.meta.get("seq_nr", -1))
     node.source = user_frame(fx_node.meta.get("stack_trace"))
