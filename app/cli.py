@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
         "--method",
         default="rockmate",
         help="rockmate (default), native, rotor, checkmate, checkpoint_blocks, sqrt_n, "
-        "store_all, offload, pofo",
+        "store_all, offload, pofo; or what a strategy you run costs: hf, torchtitan, "
+        "torchtune, autosac (docs/results.md)",
     )
     s.add_argument("--devices", type=int, help="plan a parallel layout instead: `remat parallel`")
     s.add_argument("--memory", help="with --devices: memory of each device ('80GiB')")
@@ -210,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
 def _analyze(args: argparse.Namespace):
     from rich.progress import Progress
 
-    from core.trace.model_call import load_model
+    from app.models import load_model
 
     call = load_model(args.model)
     with Progress(transient=True) as bar:
@@ -272,6 +273,14 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
         if args.memory is None:
             raise ValueError("--devices needs --memory, each device's memory (e.g. 80GiB)")
         return _parallel(args, rest)
+    if args.method in ("hf", "torchtitan", "torchtune", "autosac"):  # what it costs today
+        from core.solvers import parse_budget
+        from core.strategies import by_method, describe
+
+        _, problem, _ = _analyze(args)
+        budget = args.budget and parse_budget(args.budget, problem.store_all_peak)
+        print(describe(by_method(problem, args.method, budget)))
+        return 0
     if args.budget is None:
         raise ValueError("remat plan needs --budget (e.g. 50%, 2GiB), or --devices N --memory M")
     _, problem, _ = _analyze(args)
@@ -374,8 +383,8 @@ def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None])
 
 
 def _fit(args: argparse.Namespace, rest: list[str]) -> int:
+    from app.models import load_model
     from core.fit import Fitter
-    from core.trace.model_call import load_model
 
     device = args.device or FIT_DEVICE
     fitter = Fitter(

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import core
+from core import ModelCall
 from core.memory import StorageTracker, step_tensors
-from core.trace.model_call import ModelCall
 
 LOOKAHEAD = 16  # ATen calls searched for a program op's node before it counts as skipped
 

@@ -16,9 +16,9 @@ import diskcache
 from app import callbacks
 from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
+from app.models import resolve_builder
 from app.state import DEFAULT_MODEL, DEFAULT_OFFLOAD, Studio
 from core.errors import ServeError
-from core.trace.model_call import resolve_builder
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,12 @@ import core
 import sample_models
 from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.explain import tensor_rows
+from app.models import as_call, resolve_builder
 from app.readback import live_bands
+from core import ModelCall
 from core.footprint import device_memory
 from core.frontier import minimum_budget
 from core.solvers import available_methods
-from core.trace.model_call import ModelCall, as_call, resolve_builder
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")

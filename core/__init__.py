@@ -14,6 +14,7 @@ from core.fit import Fitter
 from core.frontier import tradeoff
 from core.layout import Arena, arena
 from core.lowering import lower
+from core.model_call import ModelCall
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, load_plan
 from core.problem import Problem, analyze
@@ -22,7 +23,6 @@ from core.runtime import apply_plan
 from core.shapes import ShapeInfeasible, ShapeSpecError
 from core.solvers import parse_budget, solve
 from core.trace.loss_head import LossHead, chunked_head
-from core.trace.model_call import ModelCall
 
 __all__ = [
     "DEVICES",

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 from core.errors import InfeasibleBudget, RematError
 from core.footprint import OPTIMIZER_STATES, optimizer_bytes
+from core.model_call import ModelCall
 from core.plan import Plan
 from core.problem import Problem, trace_recorded
 from core.shapes import expand
 from core.solvers import solve
 from core.trace import split_call
-from core.trace.model_call import ModelCall
 
 OPTIMIZERS = OPTIMIZER_STATES  # states per trainable parameter, by optimizer name
 BASE = (2, 3)  # batches traced first: eager's first line goes through them

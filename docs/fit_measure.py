@@ -12,8 +12,8 @@ import time
 
 import torch
 
+from core import ModelCall
 from core.fit import Fitter
-from core.trace.model_call import ModelCall
 from sample_models.hf_zoo import gpt2_meta, llama_meta
 
 GIB = 1024**3

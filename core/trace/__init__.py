@@ -12,9 +12,7 @@ The parts, in the order they import each other:
 - `functionalize`: in-place ops on tensors already read, rewritten out of place;
 - `scope`: which submodule runs while tracing; failures as `UnsupportedModel`;
 - `convert`: the fx graph as `AtenNode`s with numbered storages;
-- `capture`: the joint forward+backward graph (`capture`), built from the parts above;
-- `model_call` (not imported here: it sits above `core.problem`): `ModelCall` and resolving a
-  MODEL argument (`resolve_builder`, `load_model`).
+- `capture`: the joint forward+backward graph (`capture`), built from the parts above.
 
 Capture's private PyTorch APIs (fake tensors, op schemas, pytree internals) live in this
 package. Three other modules use private APIs too, each for one purpose: `core.interpret` (the

@@ -239,7 +239,7 @@ def test_plan_views_on_a_real_model():
 def test_the_numbers_say_the_plans_peak_run_natively():
     """gpt-tiny at 40%: native execution cannot express Rockmate's cuts inside a layer, so
     the plan's native peak is higher than its own; the numbers show both, the native one
-    as `core.lower` predicts it (held to the measured peak by tests/test_native_sim.py)."""
+    as `core.lower` predicts it (held to the measured peak by tests/core/native/test_native_sim.py)."""
     from app.callbacks.budget import solved
     from core.errors import fmt_bytes
 
@@ -255,7 +255,7 @@ def test_the_numbers_say_the_plans_peak_run_natively():
 
 
 def test_a_bad_model_spec_is_refused_in_plain_words():
-    from core.trace.model_call import ModelSpecError, resolve_builder
+    from app.models import ModelSpecError, resolve_builder
 
     with pytest.raises(ModelSpecError, match="cannot import 'no_such_package.models'"):
         resolve_builder("no_such_package.models:build")
@@ -273,7 +273,7 @@ def test_zoo_models_and_builders_of_model_calls_open_with_keywords_and_an_outsid
     """A builder may return a core.ModelCall (keyword inputs, a loss outside the model), and
     the zoo's names resolve: the app measures a plan of it as it predicts."""
     from app.measure import measure_plan
-    from core.trace.model_call import resolve_builder
+    from app.models import resolve_builder
 
     call = resolve_builder("hf-bert")()
     assert call.kwargs and call.loss_fn is not None and call.targets

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.trace.model_call import ModelSpecError, resolve_builder
+from app.models import ModelSpecError, resolve_builder
 
 REPO = Path(__file__).resolve().parents[2]
 

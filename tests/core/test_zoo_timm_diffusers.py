@@ -1,5 +1,5 @@
 """timm and diffusers models (sample_models/timm_zoo.py, sample_models/diffusers_zoo.py),
-made and called as their users do, held to what tests/test_zoo.py holds the Hugging Face
+made and called as their users do, held to what tests/core/test_zoo.py holds the Hugging Face
 models to: every plan's loss, gradients, buffers (batch-norm statistics) and random stream
 equal to eager's bit for bit (1 thread), under the interpreter and under native execution,
 and the measured peak equal to the predicted one.

@@ -200,7 +200,7 @@ def assert_runs_exactly(model: nn.Module, inputs: tuple, plan: Plan, lane=None) 
     return run
 
 
-# ---- random step graphs (tests/test_reorder.py, tests/test_layout.py) ----------------------
+# ---- random step graphs (tests/core/simulator/test_reorder.py, tests/core/simulator/test_layout.py) ----------------------
 
 
 @st.composite
@@ -300,12 +300,12 @@ def recompute_plan(problem: Problem, keep_bits: list[bool]):
     return plan_from_runs(problem, runs, n_forward, "test", 0)
 
 
-# ---- abstract chains (tests/test_solver_properties.py, tests/test_pofo.py) -----------------
+# ---- abstract chains (tests/core/solvers/test_solver_properties.py, tests/core/solvers/test_pofo.py) -----------------
 
 
 def draw_blocks(draw, n: int, max_options: int) -> list[ChainBlock]:
     """A random chain of `n` blocks with 1 to `max_options` options each, whose backward
-    peaks are at least where they end (tests/test_solver_properties.py, tests/test_pofo.py)."""
+    peaks are at least where they end (tests/core/solvers/test_solver_properties.py, tests/core/solvers/test_pofo.py)."""
     blocks = []
     for j in range(n):
         out = 0 if j == n - 1 else draw(st.integers(1, 4))

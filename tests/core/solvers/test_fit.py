@@ -9,8 +9,9 @@ import torch
 
 import core
 from app.cli import main
+from app.models import load_model
+from core import ModelCall
 from core.fit import OPTIMIZERS, STRATEGIES, FitError, Fitter
-from core.trace.model_call import ModelCall, load_model
 from sample_models import REGISTRY
 
 MEMORY = 250 * 1024  # bytes: mlp-tiny's eager step fits a batch of tens here

@@ -1,14 +1,11 @@
-"""A `ModelCall` (a model and how one training step calls it), and the MODEL argument of the
-command line and the app that names one: a sample model's short name, a zoo name ("hf-gpt2",
-"timm-resnet", "diffusers-unet", with their library installed) or `package.module:callable`.
+"""The MODEL argument of the command line and the app: a sample model's short name, a zoo name
+("hf-gpt2", "timm-resnet", "diffusers-unet", with their library installed) or
+`package.module:callable`, resolved to a builder of a `core.ModelCall`.
 
 A builder returns `(model, example_inputs)` (positional inputs; the model returns its loss),
 or a `ModelCall`: keyword inputs, and a loss computed outside the model, as Hugging Face
-models are trained.
-
-`ModelCall.analyze` calls `core.problem.analyze`, which imports the rest of this package:
-so `core.trace` does not import this module; import it as `core.trace.model_call` (or
-`ModelCall` from `core`).
+models are trained. The engine knows none of this: only the app's surfaces (CLI, server)
+import user code and the sample models.
 """
 
 from __future__ import annotations
@@ -17,47 +14,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
-from core.errors import RematError
-from core.problem import Problem, analyze
-
-
-@dataclass
-class ModelCall:
-    """A model and how one training step calls it: `loss_fn(model(*args, **kwargs), *targets)`,
-    or the model's own output when `loss_fn` is None (what `core.analyze` takes)."""
-
-    model: nn.Module
-    args: tuple = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    loss_fn: Callable[..., torch.Tensor] | None = None
-    targets: tuple = ()
-
-    def analyze(self, **options: Any) -> Problem:
-        """`core.analyze` of this call (`options`: costs, device, name, progress)."""
-        return analyze(self.model, self.args, self.kwargs, self.loss_fn, self.targets, **options)
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every input tensor of the call, targets included (what a step's peak leaves out)."""
-        leaves = tree_leaves((self.args, self.kwargs, self.targets))
-        return [t for t in leaves if isinstance(t, torch.Tensor)]
-
-    def run(self, planned: nn.Module) -> torch.Tensor:
-        """One forward of `planned` (the model, or `core.apply_plan`'s wrapper of it) as the
-        call says, to the loss."""
-        if self.loss_fn is None:
-            return planned(*self.args, **self.kwargs)
-        if planned is self.model:
-            return self.loss_fn(planned(*self.args, **self.kwargs), *self.targets)
-        return planned(*self.args, **self.kwargs, targets=self.targets)
-
+from core import ModelCall, RematError
 
 Builder = Callable[[], ModelCall]
 
