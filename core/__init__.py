@@ -1,5 +1,6 @@
 """Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
 
+from core.bind import BoundPlan, bind
 from core.costs import DEVICES
 from core.errors import (
     BudgetError,
@@ -12,11 +13,12 @@ from core.errors import (
 )
 from core.fit import Fitter
 from core.frontier import tradeoff
+from core.graph_meta import CostRecord, GraphMeta
 from core.layout import Arena, arena
 from core.lowering import lower
 from core.model_call import ModelCall
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
-from core.plan import Plan, load_plan
+from core.plan import Plan, SavedPlan, load_plan
 from core.problem import Problem, analyze
 from core.reorder import reorder
 from core.runtime import apply_plan
@@ -27,6 +29,10 @@ from core.trace.loss_head import LossHead, chunked_head
 __all__ = [
     "DEVICES",
     "Arena",
+    "BoundPlan",
+    "CostRecord",
+    "GraphMeta",
+    "SavedPlan",
     "Fitter",
     "BudgetError",
     "InfeasibleBudget",
@@ -46,6 +52,7 @@ __all__ = [
     "analyze",
     "apply_plan",
     "arena",
+    "bind",
     "chunked_head",
     "load_plan",
     "lower",
