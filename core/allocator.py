@@ -24,6 +24,7 @@ are not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,7 +70,7 @@ class _Sized(Protocol):
 
 class _Values(Protocol):
     @property
-    def values(self) -> list[_Sized]: ...
+    def values(self) -> Sequence[_Sized]: ...
 
 
 def round_values(graph: _Values, allocator: Allocator) -> None:

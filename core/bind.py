@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.costs import detected_model
 from core.errors import PlanMismatch, UnsupportedModel, fmt_bytes
 from core.graph import Graph
 from core.optimizer_step import describe_optimizer_difference, optimizer_data
@@ -26,6 +27,7 @@ from core.plan_io import check_graph_meta
 from core.problem import Problem, trace_recorded
 from core.simulator import Simulation
 from core.trace import TensorSpec, describe_difference
+from core.trace.device import DeviceModel
 from core.validate import check_program
 
 
@@ -56,6 +58,7 @@ def bind(
     differs), with `optimizer` bound to the step when the plan runs one (it must be the
     recorded kind and hyperparameters). Then its program is validated (InvalidPlan names the
     step and the reason)."""
+    _check_device(model, plan.graph_meta.device)
     if isinstance(plan, Plan) and _made_on(plan, model, optimizer):
         check_program(plan, plan.problem)
         return BoundPlan(plan, plan.problem, plan.simulate(), loss_fn or plan.problem.loss_fn)
@@ -99,6 +102,8 @@ def retrace(
             autocast=meta.autocast,
             loss_head=meta.loss_head,
             optimizer=optimizer,
+            device=meta.device.name,
+            attention=meta.device.attention,
         )
     except UnsupportedModel as e:
         raise PlanMismatch(
@@ -112,6 +117,19 @@ def retrace(
             + ": make a new plan for this model"
         )
     return problem
+
+
+def _check_device(model: nn.Module, planned: DeviceModel) -> None:
+    """A plan runs on the device it was traced for (its kernels: flash attention is no CPU
+    op): PlanMismatch names both where the model is on another."""
+    on = next((p.device for p in model.parameters()), torch.device("cpu"))
+    mine = detected_model(on)
+    if (mine.type, mine.capability) != (planned.type, planned.capability):
+        raise PlanMismatch(
+            f"this plan was made for {planned.describe()}, the model is on {on} "
+            f"({mine.describe()}): apply it on {planned.name}, or make a plan for this device "
+            f"(core.analyze(..., device={mine.name!r}))"
+        )
 
 
 def _made_on(plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from core.simulator import Link
 from core.trace import Autocast, CallSpec
+from core.trace.device import CPU, DeviceModel
 from core.trace.loss_head import PLAIN, LossHead
 
 InputRecord = tuple[tuple[int, ...], str, bool]  # shape, dtype name, requires grad
@@ -53,6 +54,9 @@ class GraphMeta:
     loss_head: LossHead = PLAIN
     optimizer: dict[str, Any] | None = None  # core.optimizer_step.optimizer_data
     costs: CostRecord | None = None  # None only in plan files written before version 2
+    # the device the step was traced for (core.trace.device): its preset, the attention
+    # kernel assumed first; a plan binds only to a model on that device
+    device: DeviceModel = CPU
 
     @property
     def call_spec(self) -> CallSpec | None:
@@ -84,6 +88,8 @@ class GraphMeta:
             data["optimizer"] = self.optimizer
         if self.costs is not None:
             data["costs"] = self.costs.to_data()
+        if self.device != CPU:
+            data["device"] = self.device.to_data()
         return data
 
     @staticmethod
@@ -99,4 +105,5 @@ class GraphMeta:
             loss_head=LossHead.from_data(data.get("loss_head")),
             optimizer=data.get("optimizer"),
             costs=CostRecord.from_data(data["costs"]) if "costs" in data else None,
+            device=DeviceModel.from_data(data.get("device")),
         )

@@ -273,7 +273,7 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     fields = {"params", "state", "inputs", "n_nodes"}
     if (
         not isinstance(meta, dict)
-        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs"} != fields
+        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs", "device"} != fields
     ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
@@ -321,6 +321,30 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         _check_optimizer(meta["optimizer"], len(params), bad)
     if "costs" in meta:  # core.graph_meta.CostRecord.to_data
         _check_costs(meta["costs"], bad)
+    if "device" in meta:  # core.trace.device.DeviceModel.to_data
+        _check_device(meta["device"], bad)
+
+
+def _check_device(device: Any, bad: Callable[[str], PlanFileError]) -> None:
+    """{name: a preset, type: cpu or cuda, capability: [major, minor] or None, attention}."""
+    from core.costs import DEVICES
+    from core.trace.attention import KERNELS
+
+    if not (
+        isinstance(device, dict) and set(device) == {"name", "type", "capability", "attention"}
+    ):
+        raise bad("device is not {name, type, capability, attention}")
+    cap = device["capability"]
+    if (
+        device["name"] not in (*DEVICES, "cuda")
+        or device["type"] not in ("cpu", "cuda")
+        or device["attention"] not in ("auto", *KERNELS)
+        or not (
+            cap is None
+            or (isinstance(cap, list) and len(cap) == 2 and all(_is_int(c, 0, 99) for c in cap))
+        )
+    ):
+        raise bad(f"device {str(device)[:80]} is not a device preset's model")
 
 
 def _check_costs(costs: Any, bad: Callable[[str], PlanFileError]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -13,12 +13,18 @@ import torch
 from torch import nn
 
 from core import costs as cost_models
+from core.allocator import Allocator, round_values
+from core.allocator import for_device_type as allocator_for
 from core.blocks import Block, constant_ops, find_blocks
 from core.errors import UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
+from core.graph_meta import CostRecord, GraphMeta
 from core.optimizer_step import OptimizerStep
 from core.simulator import Link, simulate, store_all_program
-from core.trace import Autocast, capture, fingerprint, graph_meta
+from core.trace import Autocast, CallSpec, capture, fake_call, fingerprint, graph_meta, split_call
+from core.trace.attention import Choice
+from core.trace.attention import describe as describe_attention
+from core.trace.device import CPU, DeviceDispatch, DeviceModel
 from core.trace.loss_head import PLAIN, LossHead, LossHeadMode
 from core.trace.nodes import Trace
 
@@ -52,7 +58,7 @@ class Problem:
     block_of_op: list[int]
     cost_model: str  # "estimated:<device>" or "measured:<device>"
     fingerprint: str
-    graph_meta: dict[str, Any]  # what a plan file records to say what differs on a mismatch
+    graph_meta: GraphMeta  # what a plan records: to trace again, compare, and figure it
     store_all_peak: int  # bytes: peak of one plain forward+backward beyond params and inputs
     store_all_time: float  # seconds: every op once
     name: str = "model"
@@ -60,6 +66,23 @@ class Problem:
     loss_fn: Callable[..., torch.Tensor] | None = field(default=None, repr=False)
     # the optimizer run inside the step (analyze's optimizer=), or None: the user steps it
     optimizer_step: OptimizerStep | None = field(default=None, repr=False)
+    # the device the step was traced for (analyze's device=), and the attention kernels it
+    # assumed there (core.trace.attention), one per scaled_dot_product_attention call
+    device_model: DeviceModel = CPU
+    attention_kernels: tuple[Choice, ...] = ()
+
+    @property
+    def attention(self) -> str:
+        """Which attention kernels the trace holds, in words: 'attention: flash attention
+        (assumed for h100, bfloat16, head dim 128) in 32 calls'; empty without attention
+        calls, or where torch picked them on the device itself."""
+        said = describe_attention(list(self.attention_kernels), self.device_model.name)
+        return f"attention: {said}" if said else ""
+
+    @property
+    def allocator(self) -> Allocator:
+        """The device's allocator, whose rounding every byte figure includes (core.allocator)."""
+        return allocator_for(self.device_model.type)
 
     @cached_property
     def constant_ops(self) -> tuple[int, ...]:
@@ -76,12 +99,14 @@ class Problem:
     @property
     def loss_head(self) -> LossHead:
         """How the step computes its LM-head loss: plain, or chunked (docs/floor.md)."""
-        return LossHead.from_data(self.graph_meta.get("loss_head"))
+        return self.graph_meta.loss_head
 
     @property
     def link(self) -> Link:
-        """The host link offloads and prefetches are timed with (`core.costs.host_link`)."""
-        return cost_models.host_link(self.cost_model)
+        """The host link offloads and prefetches are timed with (`core.costs.host_link`,
+        recorded with the costs)."""
+        costs = self.graph_meta.costs
+        return costs.link if costs is not None else cost_models.host_link(self.cost_model)
 
     @property
     def param_bytes(self) -> int:
@@ -128,8 +153,9 @@ def analyze(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     targets: Sequence[torch.Tensor] = (),
     *,
-    costs: str = "estimated",
-    device: str = "cpu",
+    costs: str | CostRecord = "estimated",
+    device: str | None = None,
+    attention: str = "auto",
     name: str = "model",
     progress: Progress | None = None,
     autocast: Autocast | torch.autocast | None = None,
@@ -147,7 +173,16 @@ def analyze(
     Non-tensor arguments (flags, None) are bound as given.
     costs: "estimated" (FLOPs and bytes against the `device` preset, no compute) or
     "measured" (each distinct op timed on real tensors on the model's device, 1 thread,
-    median).
+    median); or the `CostRecord` a plan recorded (`core.bind`: the plan's own times).
+    device: the preset the step is planned for ("cpu", "a100", "h100", "v100", "rtx4090";
+    `core.costs.DEVICES`); None: the model's own device. The trace is the step that device
+    runs, from a model on the CPU or the meta device: attention as the kernel torch picks
+    there (flash, memory-efficient, cuDNN or math: core.trace.attention), dropout as its
+    kernel, and on a GPU each storage rounded as the CUDA caching allocator rounds it
+    (core.allocator).
+    attention: the kernel assumed first where CPU cannot know torch's pick ("flash",
+    "efficient", "cudnn", "math"; "auto": torch's own order). `problem.attention` says which
+    kernels were assumed.
     autocast: the mixed-precision state the step runs under, recorded with the plan: None
     reads the caller's (`with torch.autocast("cuda", torch.bfloat16): core.analyze(...)`), or
     pass `torch.autocast(...)` itself. The planned module refuses calls under another state.
@@ -172,9 +207,23 @@ def analyze(
     if optimizer is not None:
         opt = OptimizerStep(optimizer, [p for p in model.parameters() if p.requires_grad])
     step = (args, kwargs, loss_fn, targets)
-    trace, graph, head = _traced(model, step, state, loss_head, opt)
+    dev = _device_model(model, device, attention)
+    dispatch = DeviceDispatch(dev)
+    trace, graph, head = _traced(model, step, state, loss_head, opt, dispatch)
+    round_values(graph, allocator_for(dev.type))
     report("costs", 0.3)
-    if costs == "measured":
+    if isinstance(costs, CostRecord):
+        if len(costs.times) != len(graph.ops):
+            raise UnsupportedModel(
+                f"the recorded costs time {len(costs.times)} ops, the step traced has "
+                f"{len(graph.ops)}",
+                "",
+                "the plan was made for another step: make a new plan for this model",
+            )
+        for op, t in zip(graph.ops, costs.times, strict=True):
+            op.time = t
+        cost_name = costs.model
+    elif costs == "measured":
         on = _device_name(model)
         cost_models.assign_times(
             graph,
@@ -184,19 +233,22 @@ def analyze(
         )
         cost_name = "measured:" + on
     elif costs == "estimated":
-        cost_models.assign_times(graph, "estimated", device=device)
-        cost_name = "estimated:" + device
+        cost_models.assign_times(graph, "estimated", device=dev.name)
+        cost_name = "estimated:" + dev.name
     else:
         raise ValueError(f"unknown cost model {costs!r}: use 'estimated' or 'measured'")
     report("blocks", 0.9)
     blocks, block_of_op = find_blocks(graph)
     store_all = simulate(graph, block_of_op, *store_all_program(graph))
     report("done", 1.0)
-    meta = graph_meta(trace)
-    if head.to_data() is not None:
-        meta["loss_head"] = head.to_data()
-    if opt is not None:
-        meta["optimizer"] = opt.to_data()
+    link = costs.link if isinstance(costs, CostRecord) else cost_models.host_link(cost_name)
+    meta = replace(
+        GraphMeta.from_data(graph_meta(trace)),
+        loss_head=head,
+        optimizer=opt.to_data() if opt is not None else None,
+        costs=CostRecord(cost_name, tuple(op.time for op in graph.ops), link),
+        device=dev,
+    )
     return Problem(
         graph,
         blocks,
@@ -210,7 +262,38 @@ def analyze(
         weakref.ref(model),
         loss_fn,
         opt,
+        device_model=dev,
+        attention_kernels=tuple(dispatch.choices),
     )
+
+
+def trace_recorded(
+    model: nn.Module,
+    inputs: Sequence[tuple[Sequence[int], str | torch.dtype, bool]],
+    call: CallSpec | None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    tensors_on: torch.device | None = None,
+    **options: Any,
+) -> Problem:
+    """The one route from a recorded step to a traced problem: `model` called as `call`
+    records on fake inputs shaped as `inputs` records (shape, dtype, requires grad), on
+    `tensors_on` (the parameters' device by default), nothing allocated however large the shapes, then
+    `analyze(..., **options)`. A plan bound to a model (`core.bind`), a step planned at
+    another shape (`core.shapes`) and a batch tried by `remat fit` are all traced here.
+    `call` None: the inputs are the model's positional arguments (plans from before keyword
+    inputs). `loss_fn` is used when the call records a loss."""
+    on = tensors_on or next((p.device for p in model.parameters()), torch.device("cpu"))
+    if call is None:
+        args, kwargs, targets = fake_call(inputs, _positional(len(inputs)), on)
+    else:
+        args, kwargs, targets = fake_call(inputs, call, on)
+    uses_loss = call is not None and call.loss
+    return analyze(model, args, kwargs, loss_fn if uses_loss else None, targets, **options)
+
+
+def _positional(n: int) -> CallSpec:
+    """The call `model(*inputs)` of `n` tensors."""
+    return split_call([torch.empty(0)] * n, {})[1]
 
 
 def _traced(
@@ -219,9 +302,10 @@ def _traced(
     state: Autocast,
     loss_head: str | LossHead,
     opt: OptimizerStep | None = None,
+    dispatch: DeviceDispatch | None = None,
 ) -> tuple[Trace, Graph, LossHead]:
     """The step traced with its loss head as `loss_head` asks: (trace, graph, the head used).
-    `step` is (args, kwargs, loss_fn, targets)."""
+    `step` is (args, kwargs, loss_fn, targets); `dispatch` runs it as on its device model."""
     if isinstance(loss_head, str):
         if loss_head not in ("plain", "chunked", "auto"):
             raise ValueError(f"unknown loss_head {loss_head!r}: use 'plain', 'chunked' or 'auto'")
@@ -230,7 +314,7 @@ def _traced(
         head = loss_head
     args, kwargs, loss_fn, targets = step
     mode = LossHeadMode(head)
-    trace = capture(model, args, kwargs, loss_fn, targets, state, mode, opt)
+    trace = capture(model, args, kwargs, loss_fn, targets, state, mode, opt, dispatch)
     graph = build_graph(trace)
     if head.kind == "plain":
         return trace, graph, head
@@ -240,7 +324,7 @@ def _traced(
     if loss_head == "auto":
         if not mode.found:  # nothing substituted: this trace is the plain one
             return trace, graph, PLAIN
-        plain = capture(model, args, kwargs, loss_fn, targets, state, None, opt)
+        plain = capture(model, args, kwargs, loss_fn, targets, state, None, opt, dispatch)
         plain_graph = build_graph(plain)
         if chunked and floor_of(graph).nbytes < floor_of(plain_graph).nbytes:
             return trace, graph, head
@@ -269,6 +353,24 @@ def _full_logits_survive(graph: Graph, mode: LossHeadMode) -> bool:
                 if len(shape) == 2 and (shape[0], shape[1]) in full:
                     return True
     return False
+
+
+def _device_model(model: nn.Module, device: str | None, attention: str) -> DeviceModel:
+    """The device model a step of `model` is traced for: the preset `device`, or (None) the
+    model's own device (the meta device: CPU). A model on a GPU is traced by torch's own
+    dispatch there, so it plans for its own GPU only."""
+    on = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device is None:
+        return cost_models.detected_model(on, attention)
+    dev = cost_models.device_model(device, attention)
+    if on.type == "cuda" and dev.capability != cost_models.detected_model(on).capability:
+        raise UnsupportedModel(
+            f"a model on {on} planned for device={device!r}",
+            "",
+            "a step is traced for another device from the CPU or the meta device: move the "
+            "model there (model.to('meta') keeps nothing allocated), or leave device= out",
+        )
+    return dev
 
 
 def _device_name(model: nn.Module) -> str:

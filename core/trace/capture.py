@@ -31,6 +31,8 @@ from core.trace import fake_kernels
 from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
+from core.trace.device import DeviceDispatch
+from core.trace.eager_branches import eager_branches
 from core.trace.functionalize import functionalize_late_writes
 from core.trace.loss_head import LossHeadMode
 from core.trace.module_state import ModuleState
@@ -52,6 +54,7 @@ def capture(
     autocast: Autocast = OFF,
     head: LossHeadMode | None = None,
     optimizer: OptimizerHooks | None = None,
+    device: DeviceDispatch | None = None,
 ) -> Trace:
     """Trace one forward+backward of `model(*args, **kwargs)` (then `loss_fn(output,
     *targets)` when given) on inputs shaped like these, the forward under `autocast`.
@@ -60,10 +63,12 @@ def capture(
     The forward runs under `head` (default: a plain `LossHeadMode`), which decides how an
     LM-head loss is computed and lists the heads it met in `head.found`. With `optimizer`
     (core.optimizer_step), each parameter it updates is updated inside the backward, right
-    where its gradient is complete, and its gradient is not returned."""
+    where its gradient is complete, and its gradient is not returned. With `device`
+    (core.trace.device), the forward's attention and dropout run as on its device model
+    (a GPU's kernels, traced on CPU or meta tensors) and it lists the attention kernels."""
     head = head if head is not None else LossHeadMode()
     with _TRACING, _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
-        trace = _capture(model, args, kwargs, loss_fn, targets, head, optimizer)
+        trace = _capture(model, args, kwargs, loss_fn, targets, head, optimizer, device)
     return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
 
 
@@ -131,6 +136,7 @@ def _capture(
     targets: Sequence[torch.Tensor],
     head: LossHeadMode,
     optimizer: OptimizerHooks | None = None,
+    device: DeviceDispatch | None = None,
 ) -> Trace:
     """Fake the parameters, state and inputs; run the forward once to learn its outputs;
     trace forward and backward together; convert the graph."""
@@ -146,7 +152,8 @@ def _capture(
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
         finputs = _distinct([_fake(fake_mode, x) for x in inputs])
-    forward = _forward_fn(model, params + state, call, loss_fn, head)
+    values = [b for _, b in state] + list(inputs)  # what eager's branches read
+    forward = _forward_fn(model, params + state, call, loss_fn, head, values, device)
 
     with ModuleScope(model) as scope, fake_mode:
         out = guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -195,15 +202,20 @@ def _forward_fn(
     call: CallSpec,
     loss_fn: Callable[..., Any] | None,
     head: LossHeadMode,
+    values: Sequence[torch.Tensor] = (),
+    device: DeviceDispatch | None = None,
 ) -> Forward:
     """forward(params, state, inputs): the model (then the loss) on these tensors in place of
-    its own parameters and buffers, called as `call` says, under the loss-head mode `head`."""
+    its own parameters and buffers, called as `call` says, under the loss-head mode `head`;
+    the model's branches on the state's and inputs' `values` go as in eager; attention and
+    dropout run as on the device model `device` says."""
     names = [n for n, _ in tensors]
 
     def forward(ps: Sequence, ss: Sequence, xs: Sequence) -> Any:
         substitutes = dict(zip(names, [*ps, *ss], strict=True))
         args, kwargs, targets = join_call(xs, call)
-        with head:
+        on = device if device is not None else contextlib.nullcontext()
+        with head, eager_branches(list(zip([*ss, *xs], values))), on:
             out = functional_call(model, substitutes, args, kwargs)
             return out if loss_fn is None else _loss(loss_fn, out, targets)
 

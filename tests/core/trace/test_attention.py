@@ -1,0 +1,254 @@
+"""The step a device runs: a trace for a GPU preset holds the attention kernel torch's
+dispatcher picks there (core.trace.attention), with the outputs torch's meta kernels give and
+no s x s tensor; a trace for CPU holds what CPU eager dispatches; GPU storages are counted as
+the CUDA caching allocator rounds them, CPU's exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+import core
+from core.trace.device import DeviceModel
+from core.trace.nodes import Trace
+from sample_models.hf_zoo import llama as zoo_llama
+
+SEQ, BATCH, LAYERS = 24, 2, 2  # SEQ: no other dimension of these models has this size
+FLASH = "aten._scaled_dot_product_flash_attention"
+EFFICIENT = "aten._scaled_dot_product_efficient_attention"
+CUDNN = "aten._scaled_dot_product_cudnn_attention"
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
+
+
+def _llama(kv_heads: int = 4, dtype: torch.dtype = torch.float32) -> nn.Module:
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).to(dtype).train()
+
+
+def _gpt2(dtype: torch.dtype = torch.float32) -> nn.Module:
+    cfg = GPT2Config(vocab_size=128, n_positions=64, n_embd=64, n_layer=LAYERS, n_head=4)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).to(dtype).train()  # attention and residual dropout 0.1
+
+
+MODELS = {"llama": _llama, "gpt2": _gpt2}
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def _analyze(model: nn.Module, **options) -> core.Problem:
+    ids = _ids() if next(model.parameters()).device.type != "meta" else _ids().to("meta")
+    return core.analyze(model, (ids,), {"labels": ids}, lambda out: out.loss, **options)
+
+
+def _labels(trace: Trace, prefix: str) -> list[str]:
+    return [n.label for n in trace.nodes if n.label.startswith(prefix)]
+
+
+def _no_square(trace: Trace) -> None:
+    squares = [
+        (n.label, str(s))
+        for n in trace.nodes
+        for s in n.specs
+        if len(s.shape) >= 2 and s.shape[-2:] == (SEQ, SEQ)
+    ]
+    assert not squares, f"s x s tensors in the trace: {squares[:4]}"
+
+
+def _meta_sizes_hold(trace: Trace, label: str) -> int:
+    """Each `label` node's results are what torch's meta kernel returns for its inputs;
+    returns how many were checked."""
+    checked = 0
+    for node in trace.nodes:
+        if node.label != label:
+            continue
+
+        def meta(arg):
+            if hasattr(arg, "index"):
+                src = trace.nodes[arg.index]
+                spec, stride = src.specs[0], src.strides[0]
+                return torch.empty_strided(
+                    spec.shape, stride, dtype=getattr(torch, spec.dtype), device="meta"
+                )
+            return arg
+
+        args = torch.utils._pytree.tree_map(meta, node.args)
+        kwargs = torch.utils._pytree.tree_map(meta, node.kwargs)
+        out = node.target(*args, **kwargs)
+        mine = [(tuple(t.shape), t.dtype) for t in out if isinstance(t, torch.Tensor)]
+        assert [(s.shape, getattr(torch, s.dtype)) for s in node.specs] == mine
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("device", ["h100", "a100"])
+@pytest.mark.parametrize(
+    "dtype, kernel", [(torch.bfloat16, FLASH), (torch.float32, EFFICIENT)], ids=["bf16", "fp32"]
+)
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_gpu_trace_holds_the_fused_kernel_torch_picks(name, dtype, kernel, device):
+    """bf16 on sm80/sm90: flash; fp32: flash takes only fp16/bf16, so memory-efficient. Each
+    layer's forward kernel and its own backward, sized by torch's meta kernels; no s x s
+    scores; GPT-2's dropout is CUDA's fused native_dropout (a bool mask), not bernoulli_."""
+    problem = _analyze(MODELS[name](dtype=dtype), device=device)
+    trace = problem.graph.trace
+    assert _labels(trace, kernel) == [kernel] * LAYERS + [kernel + "_backward"] * LAYERS
+    assert _meta_sizes_hold(trace, kernel) == LAYERS
+    assert _meta_sizes_hold(trace, kernel + "_backward") == LAYERS
+    assert not _labels(trace, "aten._safe_softmax") and not _labels(trace, CPU_FLASH)
+    _no_square(trace)
+    words = "flash attention" if kernel == FLASH else "memory-efficient attention"
+    dt = str(dtype).removeprefix("torch.")
+    assert problem.attention == (
+        f"attention: {words} (assumed for {device}, {dt}, head dim 16) in {LAYERS} calls"
+    )
+    if name == "gpt2":
+        assert _labels(trace, "aten.native_dropout") and not _labels(trace, "aten.bernoulli")
+
+
+def test_flash_keeps_the_log_sum_exp_and_the_dropout_seed():
+    """flash's saved tensors: out, a float32 log-sum-exp of batch x heads x s, the philox
+    seed and offset (GPT-2's attention dropout), read again by its backward."""
+    trace = _analyze(_gpt2(torch.bfloat16), device="h100").graph.trace
+    fwd = [n for n in trace.nodes if n.label == FLASH][-1]  # the last layer's: backward first
+    assert [str(s) for s in fwd.specs] == [
+        f"bfloat16[{BATCH}, 4, {SEQ}, 16]",
+        f"float32[{BATCH}, 4, {SEQ}]",
+        "uint64[2]",
+        "uint64[]",
+        "bfloat16[0]",
+    ]
+    assert fwd.args[3] == 0.1  # the dropout probability reaches the kernel
+    bwd = next(n for n in trace.nodes if n.label == FLASH + "_backward")
+    read = {s for r in bwd.reads for s in trace.nodes[r].storages}
+    assert set(fwd.storages[:4]) <= read  # out, lse, seed, offset
+
+
+def test_grouped_query_attention():
+    """Flash takes grouped-query heads (enable_gqa: key and value keep 2 heads, and so do
+    their gradients). fp32 takes math here, and the note says the trace holds the s x s
+    matrix: torch 2.13's meta kernel for mem-efficient's backward gives the key and value
+    gradients the query's heads, which autograd rejects (core.trace.attention's docstring)."""
+    trace = _analyze(_llama(kv_heads=2, dtype=torch.bfloat16), device="h100").graph.trace
+    bwd = next(n for n in trace.nodes if n.label == FLASH + "_backward")
+    assert [s.shape[1] for s in bwd.specs] == [4, 2, 2]
+    _no_square(trace)
+    fp32 = _analyze(_llama(kv_heads=2), device="h100")
+    assert _labels(fp32.graph.trace, "aten._safe_softmax")
+    assert "math attention (the s x s matrix)" in fp32.attention
+
+
+def test_a_padding_mask_rules_out_flash():
+    """The zoo's Llama passes a padding mask (and dropout 0.1): flash takes no mask, so
+    mem-efficient runs it, its boolean mask made additive first as torch does (`where`)."""
+    case = zoo_llama()
+    problem = core.analyze(
+        case.model, case.args, case.kwargs, case.loss_fn, case.targets, device="h100"
+    )
+    trace = problem.graph.trace
+    assert _labels(trace, EFFICIENT) == [EFFICIENT] * 2 + [EFFICIENT + "_backward"] * 2
+    eff = next(n for n in trace.nodes if n.label == EFFICIENT)
+    mask = trace.nodes[eff.args[3].index]
+    assert mask.specs[0].dtype == "float32"
+
+
+def test_the_user_chooses_what_cpu_cannot_know():
+    """cuDNN comes first only with a runtime cuDNN newer than 9.15, which CPU cannot see:
+    attention="cudnn" assumes it; a choice the call rules out falls back by torch's order,
+    and the note says so."""
+    cudnn = _analyze(_llama(dtype=torch.bfloat16), device="h100", attention="cudnn")
+    assert _labels(cudnn.graph.trace, CUDNN) == [CUDNN] * LAYERS + [CUDNN + "_backward"] * LAYERS
+    assert "cuDNN attention (assumed for h100, bfloat16, head dim 16; cuDNN attention " in (
+        cudnn.attention
+    )
+    flash = _analyze(_llama(), device="h100", attention="flash")  # fp32: flash cannot
+    assert _labels(flash.graph.trace, EFFICIENT)
+    assert "flash attention assumed, not possible here" in flash.attention
+    math = _analyze(_llama(dtype=torch.bfloat16), device="h100", attention="math")
+    assert _labels(math.graph.trace, "aten._safe_softmax")
+    with pytest.raises(ValueError, match="unknown attention 'fast'"):
+        _analyze(_llama(), device="h100", attention="fast")
+
+
+class _Sdpa(TorchDispatchMode):
+    """The attention ops eager dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = f"aten.{func._opname}"
+        if "scaled_dot_product" in name or name == "aten._safe_softmax":
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_cpu_trace_holds_what_cpu_eager_dispatches(name):
+    """Llama (no dropout): CPU's flash kernel; GPT-2 (attention dropout): the math path. The
+    same step from the meta device, traced for CPU, holds the same attention ops (the rest
+    of a meta trace is not the subject here: Hugging Face's Python differs on meta)."""
+    model = MODELS[name]()
+    ids = _ids()
+    with _Sdpa() as seen:
+        model(ids, labels=ids).loss.backward()
+    problem = _analyze(model, device="cpu")
+    trace = problem.graph.trace
+    traced = [n.label for n in trace.nodes if n.label in set(seen.ops)]
+    assert traced == seen.ops and seen.ops
+    assert (CPU_FLASH in seen.ops) == (name == "llama")
+    meta = MODELS[name]().to("meta")
+    from_meta = _analyze(meta, device="cpu").graph.trace
+
+    def attention(t: Trace) -> list[tuple[str, list[str]]]:
+        return [(n.label, [str(s) for s in n.specs]) for n in t.nodes if n.label in seen.ops]
+
+    assert attention(from_meta) == attention(trace)
+
+
+def test_gpu_storages_are_rounded_as_the_caching_allocator_does_cpu_stays_exact():
+    """core.allocator: on a GPU preset every storage takes a multiple of 512 B (0 stays 0);
+    on CPU the values are the trace's own bytes."""
+    gpu = _analyze(_gpt2(), device="h100")
+    sizes = gpu.graph.trace.storage_bytes
+    assert any(b % 512 for b in sizes.values())  # the tiny step has small storages
+    for v in gpu.graph.values:
+        assert v.nbytes == -(-sizes[v.index] // 512) * 512
+    cpu = _analyze(_gpt2(), device="cpu")
+    assert all(v.nbytes == cpu.graph.trace.storage_bytes[v.index] for v in cpu.graph.values)
+    assert gpu.allocator.unit == 512 and cpu.allocator.unit == 1
+    plan = core.solve(gpu, "80%")  # a GPU trace plans as any other
+    assert plan.predicted_peak <= 0.8 * gpu.store_all_peak
+
+
+def test_a_gpu_plan_records_its_device_and_is_refused_on_another(tmp_path):
+    """A plan for an H100 carries its device model in its file and binds only on an H100:
+    on a CPU model it is refused, naming both, made in this process or loaded."""
+    model = _gpt2(torch.bfloat16)
+    plan = core.solve(_analyze(model, device="h100", attention="flash"), "80%")
+    assert plan.graph_meta.device == DeviceModel("h100", "cuda", (9, 0), "flash")
+    plan.save(tmp_path / "plan.pkl")
+    loaded = core.load_plan(tmp_path / "plan.pkl")
+    assert loaded.graph_meta.device == plan.graph_meta.device
+    said = r"made for h100 \(cuda, sm 9\.0\), the model is on cpu \(cpu\)"
+    for p in (plan, loaded):
+        with pytest.raises(core.PlanMismatch, match=said):
+            core.apply_plan(model, p, loss_fn=lambda out: out.loss)
+    cpu_plan = core.solve(_analyze(model, device="cpu"), "80%")
+    assert cpu_plan.graph_meta.device == DeviceModel()
+    assert "device" not in cpu_plan.graph_meta.to_data()  # CPU plans' files as before
