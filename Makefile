@@ -5,7 +5,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 
-.PHONY: install browser run test test-fast lint bench clean
+.PHONY: install browser run test test-fast lint bench validate-gpu clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -49,6 +49,11 @@ test-fast: install lint
 
 bench: install
 	$(VENV)/bin/remat bench
+
+# on a machine with a CUDA GPU: predicted against measured peaks, gradients and step times of
+# our plans (bench/validate.py); sized for under 8 minutes on one GPU (not yet run on one)
+validate-gpu: install
+	$(VENV)/bin/remat bench --device cuda --validate
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -9,9 +9,9 @@ from the same state as eager's and prints one table:
   `torch.cuda.max_memory_allocated()` minus the allocation the step started from; on CPU the
   storage tracker (`core.memory.StorageTracker`), where measured = predicted + 4 B (the seed
   of `loss.backward()`);
-- the allocator's bound: the plan's program walked with every storage rounded up to the CUDA
-  caching allocator's 512 B (`round_size` in c10/cuda/CUDACachingAllocator.cpp), below which
-  `max_memory_allocated` cannot be; an unsplit cached block can make it more;
+- the allocator's bound: the plan's program walked with every storage rounded up as the CUDA
+  caching allocator rounds it (512 B, `core.allocator`), below which `max_memory_allocated`
+  cannot be; an unsplit cached block can make it more (interpreter rows: the plan's program);
 - gradients against eager's: bit-equal, or the largest absolute difference;
 - step time against eager's: the median of paired ratios (each step right after an eager one).
 
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 import core
-from core.errors import fmt_bytes
+from core.allocator import CUDA_CACHING
 from core.memory import StorageTracker, step_tensors
 from core.plan import Plan
 from core.problem import Problem
@@ -44,7 +44,6 @@ from core.simulator import walk
 from core.simulator.timeline import step_values
 from sample_models.zoo import ZooCase
 
-ROUND = 512  # bytes: the CUDA caching allocator's request granularity
 SEED_BYTES = 4  # loss.backward()'s seed gradient, allocated outside the plan
 PRECISIONS = ("fp32", "bf16")
 STRATEGIES = ("store_all", "checkpoint_blocks", "ours@50%")
@@ -258,11 +257,12 @@ def grads_against(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) 
 
 
 def allocator_bound(problem: Problem, plan: Plan) -> int:
-    """The plan's peak with every storage rounded up to ROUND bytes, plus the rounded seed:
-    the least `max_memory_allocated` can rise by on CUDA for this program."""
+    """The plan's peak with every storage rounded as the CUDA caching allocator rounds it
+    (`core.allocator`), plus the rounded seed: the least `max_memory_allocated` can rise by
+    on CUDA for this program."""
     graph = problem.graph
     sizes, initial, arriving = step_values(graph)
-    rounded = {v: -(-n // ROUND) * ROUND for v, n in sizes.items()}
+    rounded = {v: CUDA_CACHING.rounded(n) for v, n in sizes.items()}
     walked = walk(
         graph.ops,
         plan.program,
@@ -272,7 +272,7 @@ def allocator_bound(problem: Problem, plan: Plan) -> int:
         arriving=arriving,
         final=graph.final_values,
     )
-    return walked.peak + ROUND
+    return walked.peak + CUDA_CACHING.rounded(SEED_BYTES)
 
 
 def _plans(problem: Problem) -> dict[str, Plan | str]:
@@ -535,7 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(format_table(rows))
     print(summary(rows, args.device))
-    print(f"in {time.perf_counter() - start:.0f} s; bytes in B; {fmt_bytes(ROUND)} rounding")
+    print(
+        f"in {time.perf_counter() - start:.0f} s; bytes in B; allocator bound: "
+        f"{CUDA_CACHING.bound()}"
+    )
     return 0
 
 
