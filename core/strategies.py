@@ -48,7 +48,7 @@ from torch import nn
 from torch._functorch.partitioners import get_default_op_list
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
-from core.errors import UnsupportedModel
+from core.errors import RematError
 from core.graph import Phase
 from core.lowering import python_held
 from core.memory import host_copy
@@ -78,6 +78,11 @@ TITAN_MM = (aten.mm.default, aten.linear.default)  # counted: every second one r
 TUNE_MIN_BYTES = 1024  # torchtune's min_offload_size default
 
 Mechanism = Callable[[nn.Module], AbstractContextManager[None]]
+
+
+class NotApplicable(RematError):
+    """The strategy cannot be applied to this model as its own code would (what is missing
+    and what to do is in the message)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ def decoder_layers(model: nn.Module) -> list[str]:
     """The layers the strategies wrap, by path: a Hugging Face model's
     `GradientCheckpointingLayer`s (what `gradient_checkpointing_enable()` checkpoints), else
     the members of the `nn.ModuleList` whose repeated class holds the most parameters (a
-    transformer's blocks). UnsupportedModel when the model has neither."""
+    transformer's blocks). NotApplicable when the model has neither."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -191,10 +196,10 @@ def decoder_layers(model: nn.Module) -> list[str]:
         if size > best[0]:
             best = (size, [f"{name}.{i}" if name else str(i) for i in range(len(module))])
     if not best[1]:
-        raise UnsupportedModel(
-            type(model).__name__,
-            "it has no decoder layers to checkpoint (no Hugging Face GradientCheckpointingLayer, "
-            "no nn.ModuleList of one repeated layer class)",
+        raise NotApplicable(
+            f"{type(model).__name__} has no decoder layers to checkpoint (no Hugging Face "
+            "GradientCheckpointingLayer, no nn.ModuleList of one repeated layer class): pass "
+            "the layers as `units` (auto-SAC) or use hf_checkpointing on a diffusers model"
         )
     return best[1]
 
@@ -278,8 +283,9 @@ def _imported(
 def _model(problem: Problem) -> nn.Module:
     model = problem.model_ref() if problem.model_ref is not None else None
     if model is None:
-        raise UnsupportedModel(
-            problem.name, "the analysed model is gone: keep a reference to it while importing"
+        raise NotApplicable(
+            f"the model analysed as {problem.name!r} is gone: keep a reference to it while "
+            "importing a strategy (it runs on the model itself)"
         )
     return model
 
@@ -314,10 +320,7 @@ def diffusers_checkpointed(problem: Problem) -> list[str]:
     forward on fake inputs shaped as traced, with a recording function in its place."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from core.trace.call import fake_call
-
     model: Any = _model(problem)
-    trace = problem.graph.trace
     name_of = {id(m): n for n, m in model.named_modules()}
     found: list[str] = []
 
@@ -325,10 +328,8 @@ def diffusers_checkpointed(problem: Problem) -> list[str]:
         found.append(name_of[id(module)])
         return module(*args)
 
-    device = next(model.parameters()).device
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
-    args, kwargs, _ = fake_call(inputs, trace.call, device, mode)
+    args, kwargs, _ = _traced_call(model, problem.graph.trace, mode)
     model.enable_gradient_checkpointing(gradient_checkpointing_func=record)
     try:
         with mode:
@@ -677,7 +678,7 @@ class AutoSacSolution:
 def autosac(
     problem: Problem,
     budget: float | int,
-    args: Sequence[Any],
+    args: Sequence[Any] | None = None,
     kwargs: dict[str, Any] | None = None,
     targets: Sequence[torch.Tensor] = (),
     units: Sequence[str] | None = None,
@@ -692,7 +693,9 @@ def autosac(
     model = _model(problem)
     layers = list(units) if units is not None else decoder_layers(model)
     want = int(budget * problem.store_all_peak) if isinstance(budget, float) else int(budget)
-    solution = solve_autosac(model, layers, want, args, kwargs or {}, problem.loss_fn, targets)
+    solution = solve_autosac(
+        model, layers, want, args, kwargs or {}, problem.loss_fn, targets, problem.graph.trace
+    )
     nodes = problem.graph.trace.nodes
     regions, chosen, notes = [], [], []
     for layer in layers:
@@ -702,10 +705,9 @@ def autosac(
         order = policy_ops(problem, layer)
         counted = [n for n in order if nodes[n].target not in _AUTOSAC_SKIPPED]
         if len(counted) != len(decided):
-            raise UnsupportedModel(
-                layer,
-                f"auto-SAC's estimator saw {len(decided)} ops where the trace has "
-                f"{len(counted)}: its per-op policy cannot be matched to the step",
+            raise NotApplicable(
+                f"{layer}: auto-SAC's estimator saw {len(decided)} ops where the trace has "
+                f"{len(counted)}: its per-op policy cannot be matched to the traced step"
             )
         it = iter(decided)
         saved = [
@@ -763,10 +765,11 @@ def solve_autosac(
     model: nn.Module,
     layers: Sequence[str],
     budget: int,
-    args: Sequence[Any],
+    args: Sequence[Any] | None,
     kwargs: dict[str, Any],
     loss_fn: Callable[..., torch.Tensor] | None,
     targets: Sequence[torch.Tensor],
+    trace: Any = None,
 ) -> AutoSacSolution:
     """PyTorch's auto-SAC pipeline, as its test (`test/distributed/_tools/test_sac_ilp.py`)
     runs it, on a fake copy of `model`: `budget` bytes beyond the parameters is asked of
@@ -786,10 +789,13 @@ def solve_autosac(
 
     fm = FakeTensorMode(allow_non_fake_inputs=False)
     fake = _fake_copy(model, fm)
-    to_fake = lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    fargs = [to_fake(a) for a in args]
-    fkwargs = {k: to_fake(v) for k, v in kwargs.items()}
-    ftargets = [to_fake(t) for t in targets]
+    if args is None:  # inputs shaped as traced
+        fargs, fkwargs, ftargets = _traced_call(model, trace, fm)
+    else:
+        to_fake = lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        fargs = [to_fake(a) for a in args]
+        fkwargs = {k: to_fake(v) for k, v in kwargs.items()}
+        ftargets = [to_fake(t) for t in targets]
 
     def step() -> torch.Tensor:
         out = fake(*fargs, **fkwargs)
@@ -888,3 +894,56 @@ def _cpu_cuda_timer() -> dict[str, Any]:
             return (end.at - self.at) * 1e3
 
     return {"Event": Event, "current_stream": lambda *a: None, "synchronize": lambda *a: None}
+
+
+def _traced_call(model: nn.Module, trace: Any, mode: Any) -> tuple[Any, Any, Any]:
+    """(args, kwargs, targets) as fake tensors of `mode`, shaped and passed as traced."""
+    from core.trace.call import fake_call
+
+    device = next(model.parameters()).device
+    inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
+    return fake_call(inputs, trace.call, device, mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# By name: `remat plan MODEL --method <name>`
+
+METHODS = ("hf", "torchtitan", "torchtune", "autosac")
+
+
+def by_method(problem: Problem, method: str, budget: int | None = None) -> Imported:
+    """The strategy `method` (one of METHODS) applied to the analysed model; auto-SAC needs
+    `budget` (bytes beyond parameters and inputs) and solves on inputs shaped as traced."""
+    if method == "autosac":
+        if budget is None:
+            raise ValueError("--method autosac needs --budget: auto-SAC solves for one")
+        return autosac(problem, budget)
+    makers = {"hf": hf_checkpointing, "torchtitan": torchtitan_selective}
+    makers["torchtune"] = torchtune_offload
+    if method not in makers:
+        raise ValueError(f"unknown strategy {method!r}: choose one of {', '.join(METHODS)}")
+    return makers[method](problem)
+
+
+def describe(imported: Imported) -> str:
+    """What the strategy costs, in one paragraph: predicted peak and time, what it wraps."""
+    from core.errors import fmt_bytes
+
+    problem = imported.problem
+    p = imported.prediction
+    lines = [
+        f"{imported.name}: predicted peak {fmt_bytes(p.peak)} "
+        f"({p.peak / problem.store_all_peak:.0%} of store-all {fmt_bytes(problem.store_all_peak)}),"
+        f" time {p.overhead:.3f}x store-all's (the native simulation; CPU: measured = "
+        "predicted + 4 B)"
+    ]
+    if imported.modules:
+        lines.append(
+            f"  checkpoints {len(imported.modules)} modules: {', '.join(imported.modules)}"
+        )
+    if imported.offloaded:
+        lines.append(f"  offloads {len(imported.offloaded)} saved values to the host")
+    if imported.bound is not None:
+        lines.append(f"  its own peak bound: {fmt_bytes(imported.bound)}")
+    lines += [f"  note: {n}" for n in imported.notes]
+    return "\n".join(lines)
