@@ -211,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
 def _analyze(args: argparse.Namespace):
     from rich.progress import Progress
 
-    from core.trace.model_call import load_model
+    from app.models import load_model
 
     call = load_model(args.model)
     with Progress(transient=True) as bar:
@@ -383,8 +383,8 @@ def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None])
 
 
 def _fit(args: argparse.Namespace, rest: list[str]) -> int:
+    from app.models import load_model
     from core.fit import Fitter
-    from core.trace.model_call import load_model
 
     device = args.device or FIT_DEVICE
     fitter = Fitter(
