@@ -109,7 +109,7 @@ class Row:
     fsdp: FSDP | None = None
     fixed: int = 0  # bytes the source itself measured outside the step (the CUDA context)
     fixed_what: str = ""
-    attention: str | None = None  # the SDPA kernel assumed where the device cannot tell
+    attention: str | None = None  # the SDPA kernel stated by the row (None: torch's rules)
     autocast: tuple[tuple[str, str], ...] = ()  # e.g. (("cuda", "float16"),)
     config: str = ""  # the configuration, in the source's words
     reason: str = ""  # why the residual is what it is (required beyond TOLERANCE)
@@ -551,11 +551,9 @@ def predict(row: Row) -> Prediction:
 
 
 def analyze_row(row: Row, case: ZooCase) -> Problem:
-    """`core.analyze` of the row's step for its device preset (and its attention, where the
-    device model takes one)."""
-    extra: dict[str, Any] = {}
-    if row.attention is not None and _takes_attention():
-        extra["attention"] = row.attention
+    """`core.analyze` of the row's step for its device preset: the attention kernel, dropout
+    and allocator rounding that device runs (`core.trace.device`, `core.allocator`), the
+    kernel `row.attention` where the row states it."""
     return core.analyze(
         case.model,
         case.args,
@@ -563,17 +561,10 @@ def analyze_row(row: Row, case: ZooCase) -> Problem:
         loss_fn=case.loss_fn,
         targets=case.targets,
         device=row.device,
+        attention=row.attention or "auto",
         autocast=Autocast(row.autocast),
         name=row.label,
-        **extra,
     )
-
-
-def _takes_attention() -> bool:
-    """Whether `core.analyze` has the device model's `attention=` choice yet."""
-    import inspect
-
-    return "attention" in inspect.signature(core.analyze).parameters
 
 
 def _step_peak(row: Row, case: ZooCase) -> tuple[int, tuple[str, ...]]:
@@ -804,10 +795,11 @@ def document(predictions: Sequence[Prediction], environment: str) -> str:
 def _environment() -> str:
     import transformers
 
-    attention = "takes attention=" if _takes_attention() else "has no attention= yet"
     return (
-        f"Run {_dt.date.today():%Y-%m-%d} on this CPU-only machine: torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; core.analyze {attention}."
+        f"Run {_dt.date.today():%Y-%m-%d} on a CPU-only machine: torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; each step traced for its GPU's device model "
+        "(`core.analyze(..., device=, attention=)`: the SDPA kernel torch's rules pick, CUDA's "
+        "fused dropout, the caching allocator's 512 B rounding of every storage)."
     )
 
 
