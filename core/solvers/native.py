@@ -2,7 +2,9 @@
 "native".
 
 Native execution (`apply_plan(..., runtime="native")`) runs a plan as selective checkpoint on
-the model's layers, so its peak and time are the native simulation's
+the model's layers and on stretches of the forward between them (`core.native.stretch`;
+for this method's plans a layer may be cut into stretches), so its peak and time are the
+native simulation's
 (`core.lowering.Lowering.prediction`), not the plan's program's. This method searches
 Rockmate's plans over interpreter budgets from store-all's peak and from `budget` down to
 Rockmate's minimum and keeps the one whose NATIVE peak fits `budget` at the least native
@@ -39,7 +41,7 @@ def solve(problem: Problem, budget: int) -> Plan:
             plan = rockmate.solve(problem, asked)
         except InfeasibleBudget:
             continue
-        low = lower(plan)
+        low = lower(plan, cut_layers=True)
         peak = low.prediction.peak
         if asked in fixed:
             lowest = peak if lowest is None else min(lowest, peak)
