@@ -767,6 +767,35 @@ def configurations(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
+NOTES = """\
+- **Transformer Engine (Megatron's rows).** Megatron runs its layers through Transformer
+  Engine: LayerNorm fused into the QKV and FC1 GEMMs, bias-GeLU and bias-dropout-add as fused
+  kernels, and with the default attention backend TE's fused attention (cuDNN or
+  FlashAttention-2), which keeps the output, the softmax statistics (one fp32 value per row
+  and head) and the RNG state, as torch's flash kernel does. We trace Hugging Face's GPT-2 of
+  the same shape with the GPU's device model instead: torch's flash kernel for the fused row,
+  the matrix softmax for the unfused one, GeLU's tanh form as one op, CUDA's boolean dropout
+  masks. What TE keeps beyond that is not modelled; both peak rows come out ~0.45 GB under
+  once the loss's traced copy (below) is set aside.
+- **The loss.** Each row computes its loss as its framework does: Megatron's vocab-parallel
+  cross-entropy (fp32 softmax saved, updated in place by its backward), torchtitan's
+  cross-entropy over `pred.float()`, the model's own loss for Hugging Face's classifier.
+  Our tracer turns an in-place write to a saved tensor into a copy, which adds one fp32
+  logits-sized tensor (0.82 GB) to both Megatron peaks.
+- **Reserved and NVML rows.** We predict what the allocator hands out (allocated, each
+  storage rounded to 512 B). A reserved figure adds the allocator's cached free blocks, an
+  NVML figure also the CUDA context (the Hugging Face page measured its own: 1343 MiB, added
+  as published) and library workspaces; neither cache is modelled, so those rows are expected
+  to come out under.
+- **Adding a row** (a second table): append a `Row` to `ROWS` with the figure, what it
+  counts, the device preset, a builder of the model and one step's call on the meta device,
+  the strategy (store-all, every layer checkpointed, torchtitan's selective op policy, or none
+  for what stays allocated between steps), the framework's bytes per parameter (`State`), its
+  FSDP degree if any, and bytes the source measured outside the step. `remat bench --tables`
+  predicts it; a row beyond 10% must say why (`Row.reason`).
+"""
+
+
 def document(predictions: Sequence[Prediction], environment: str) -> str:
     """docs/gpu-tables.md: what each figure counts, the table, the configurations."""
     counts = "\n".join(f"- **{k}**: {v}" for k, v in COUNTS.items())
@@ -788,6 +817,7 @@ def document(predictions: Sequence[Prediction], environment: str) -> str:
         f"measured. GB = 1e9 bytes.\n\n{environment}\n\n"
         f"## What each figure counts\n\n{counts}\n\n"
         f"## The rows\n\n{markdown_table(predictions)}\n\n{status}\n\n"
+        f"## Notes\n\n{NOTES}\n"
         f"## Configurations and sources\n\n{configurations([p.row for p in predictions])}\n"
     )
 
