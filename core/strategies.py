@@ -38,6 +38,7 @@ compiled graph: no policy of ours reproduces it, so it is measured, never predic
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -693,8 +694,14 @@ def autosac(
     model = _model(problem)
     layers = list(units) if units is not None else decoder_layers(model)
     want = int(budget * problem.store_all_peak) if isinstance(budget, float) else int(budget)
+    stats = _STATS.get(problem)
+    if stats is None:
+        stats = autosac_stats(
+            model, args, kwargs or {}, problem.loss_fn, targets, problem.graph.trace
+        )
+        _STATS[problem] = stats
     solution = solve_autosac(
-        model, layers, want, args, kwargs or {}, problem.loss_fn, targets, problem.graph.trace
+        model, layers, want, args, kwargs or {}, problem.loss_fn, targets, stats=stats
     )
     nodes = problem.graph.trace.nodes
     regions, chosen, notes = [], [], []
@@ -741,6 +748,8 @@ def _autosac_skipped() -> frozenset[Any]:
 
 
 _AUTOSAC_SKIPPED = _autosac_skipped()
+# auto-SAC's statistics per analysed model (the same step for every budget)
+_STATS: weakref.WeakKeyDictionary[Problem, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def autosac_policy(decisions: tuple[int, ...]) -> Callable[..., CheckpointPolicy]:
@@ -770,22 +779,66 @@ def solve_autosac(
     loss_fn: Callable[..., torch.Tensor] | None,
     targets: Sequence[torch.Tensor],
     trace: Any = None,
+    stats: tuple[Any, Any] | None = None,
 ) -> AutoSacSolution:
     """PyTorch's auto-SAC pipeline, as its test (`test/distributed/_tools/test_sac_ilp.py`)
     runs it, on a fake copy of `model`: `budget` bytes beyond the parameters is asked of
-    `sac_milp` as (budget + parameters) GiB, the units being `layers`."""
+    `sac_milp` as (budget + parameters) GiB, the units being `layers`. `stats`: what
+    `autosac_stats` collected for this model and call (collected here when None)."""
     import copy
-    from unittest import mock
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.ilp_utils import aggregate_stats, parse_module_info
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
-    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
-    from torch.distributed._tools.sac_estimator import SACEstimator
+    from torch.distributed._tools.ilp_utils import parse_module_info
     from torch.distributed._tools.sac_ilp import (
         get_optimal_checkpointing_policy_per_module,
         sac_milp,
     )
+
+    if stats is None:
+        stats = autosac_stats(model, args, kwargs, loss_fn, targets, trace)
+    info, sac_stats = stats
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    graph = parse_module_info(copy.deepcopy(info))  # sac_milp writes into its nodes
+    root = type(model).__name__
+    units = [f"{root}.{layer}" for layer in layers]
+    discard, recompute_ms, bound = sac_milp(
+        graph, (budget + param_bytes) / 2**30, world_size=1, ac_units=units
+    )
+    decisions = {}
+    for layer, unit in zip(layers, units):
+        if unit in discard:
+            decided = get_optimal_checkpointing_policy_per_module(
+                sac_stats[unit], memory_budget=1 - discard[unit]
+            )
+            decisions[layer] = tuple(int(d) for d in decided)
+    return AutoSacSolution(
+        {layer: discard[unit] for layer, unit in zip(layers, units) if unit in discard},
+        decisions,
+        float(recompute_ms),
+        int(bound),
+        param_bytes,
+    )
+
+
+def autosac_stats(
+    model: nn.Module,
+    args: Sequence[Any] | None,
+    kwargs: dict[str, Any],
+    loss_fn: Callable[..., torch.Tensor] | None,
+    targets: Sequence[torch.Tensor],
+    trace: Any = None,
+) -> tuple[Any, Any]:
+    """auto-SAC's statistics of one step of `model` (its `aggregate_stats` module info and
+    SACEstimator's per-module op stats): MemTracker over two steps, RuntimeEstimator and
+    SACEstimator in "operator-level-benchmark" mode, on a fake copy (each op timed for real,
+    2 warm-up and 3 timed runs, on a CPU timer). The slow part: collect once per model."""
+    import copy
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.ilp_utils import aggregate_stats
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+    from torch.distributed._tools.sac_estimator import SACEstimator
 
     fm = FakeTensorMode(allow_non_fake_inputs=False)
     fake = _fake_copy(model, fm)
@@ -801,7 +854,6 @@ def solve_autosac(
         out = fake(*fargs, **fkwargs)
         return out if loss_fn is None else loss_fn(out, *ftargets)
 
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with fm, mock.patch.multiple(torch.cuda, **_cpu_cuda_timer()):
         mt = MemTracker()
         mt.track_external(fake)
@@ -831,26 +883,7 @@ def solve_autosac(
             loss = step()
         loss.backward()
         info = aggregate_stats(fake, mt, re, sac, torch.device("cpu"))
-    graph = parse_module_info(info)
-    root = type(model).__name__
-    units = [f"{root}.{layer}" for layer in layers]
-    discard, recompute_ms, bound = sac_milp(
-        graph, (budget + param_bytes) / 2**30, world_size=1, ac_units=units
-    )
-    decisions = {}
-    for layer, unit in zip(layers, units):
-        if unit in discard:
-            decided = get_optimal_checkpointing_policy_per_module(
-                sac.sac_mod_stats[unit], memory_budget=1 - discard[unit]
-            )
-            decisions[layer] = tuple(int(d) for d in decided)
-    return AutoSacSolution(
-        {layer: discard[unit] for layer, unit in zip(layers, units) if unit in discard},
-        decisions,
-        float(recompute_ms),
-        int(bound),
-        param_bytes,
-    )
+    return info, sac.sac_mod_stats
 
 
 def _fake_copy(model: nn.Module, fm: Any) -> nn.Module:
