@@ -203,3 +203,11 @@ def test_megatron_attention_difference() -> None:
     assert abs((pu.total - pf.total) - measured) < 0.1 * measured
     assert any("scaled_dot_product" in k for k in pf.kernels)
     assert pu.kernels == ("matrix (softmax)",)
+
+
+def test_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main as cli_main
+
+    assert cli_main(["bench", "--tables", "--rows", "no row is called this"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("| table | row | counts | measured GB")
