@@ -309,3 +309,25 @@ def test_compiled_command_line_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
         compare.main(["--compiled", *argv])
     assert e.value.code == 2 and "remat bench --compiled" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_strategies_bench_on_gpt_tiny(one_thread) -> None:
+    """`remat bench --strategies` on gpt-tiny, without compile: every strategy row's measured
+    peak is its prediction + the 4-byte seed, gradients equal eager's, ours planned at each
+    rival's measured peak fits it, and the report says the conditions."""
+    from bench import current
+
+    rows = current.bench_model("gpt-tiny", 1, None, lambda _msg: None)
+    by = {r.key: r for r in rows}
+    for key in ("hf", "torchtitan", "torchtune"):
+        assert by[key].peak == by[key].predicted + SEED_BYTES
+        assert by[key].grads_equal
+        assert len(by[key].ratios) == 1
+    ours = by["ours@hf"]
+    assert ours.peak == ours.predicted + SEED_BYTES and ours.peak <= by["hf"].peak
+    assert "no native plan fits" in by["ours@torchtune"].note  # recompute cannot reach offload
+    assert "sac_milp: no solution" in by["autosac@50%"].note  # 2 layers: its ILP is infeasible
+    text = current.table(rows)
+    assert "| gpt-tiny | torchtitan |" in text and "+4 B" in text
+    assert any(v.startswith("gpt-tiny hf:") for v in current.verdicts(rows))
