@@ -32,6 +32,7 @@ from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
 from core.trace.device import DeviceDispatch
+from core.trace.eager_branches import eager_branches
 from core.trace.functionalize import functionalize_late_writes
 from core.trace.loss_head import LossHeadMode
 from core.trace.module_state import ModuleState
@@ -151,7 +152,8 @@ def _capture(
         fparams = [_fake(fake_mode, p) for _, p in params]
         fstate = [_fake(fake_mode, b) for _, b in state]
         finputs = _distinct([_fake(fake_mode, x) for x in inputs])
-    forward = _forward_fn(model, params + state, call, loss_fn, head, device)
+    values = [b for _, b in state] + list(inputs)  # what eager's branches read
+    forward = _forward_fn(model, params + state, call, loss_fn, head, values, device)
 
     with ModuleScope(model) as scope, fake_mode:
         out = guard(scope, lambda: forward(fparams, fstate, finputs))
@@ -200,18 +202,20 @@ def _forward_fn(
     call: CallSpec,
     loss_fn: Callable[..., Any] | None,
     head: LossHeadMode,
+    values: Sequence[torch.Tensor] = (),
     device: DeviceDispatch | None = None,
 ) -> Forward:
     """forward(params, state, inputs): the model (then the loss) on these tensors in place of
     its own parameters and buffers, called as `call` says, under the loss-head mode `head`;
-    attention and dropout run as on the device model `device` says."""
+    the model's branches on the state's and inputs' `values` go as in eager; attention and
+    dropout run as on the device model `device` says."""
     names = [n for n, _ in tensors]
 
     def forward(ps: Sequence, ss: Sequence, xs: Sequence) -> Any:
         substitutes = dict(zip(names, [*ps, *ss], strict=True))
         args, kwargs, targets = join_call(xs, call)
         on = device if device is not None else contextlib.nullcontext()
-        with head, on:
+        with head, eager_branches(list(zip([*ss, *xs], values))), on:
             out = functional_call(model, substitutes, args, kwargs)
             return out if loss_fn is None else _loss(loss_fn, out, targets)
 

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from core.trace.call import join_call
+from core.trace.eager_branches import eager_branches
 from core.trace.nodes import Trace
 
 # make_fx records `lift_fresh` as `lift_fresh_copy` (torch/fx/experimental/proxy_tensor.py)
@@ -113,7 +114,7 @@ def python_lifetimes(
         for name, sub in model.named_modules()
     ]
     try:
-        with torch.no_grad(), trace.autocast.entered(), mode, deaths:
+        with torch.no_grad(), trace.autocast.entered(), mode, deaths, eager_branches():
             out = model(*args, **kwargs)
             if loss_fn is not None and trace.call.loss:
                 out = loss_fn(out, *targets)
