@@ -321,6 +321,13 @@ def _parser() -> argparse.ArgumentParser:
         help="instead: our native plan compiled with inductor against compiled eager at the "
         "activation_memory_budget of the same peak (`remat bench --compiled --help`)",
     )
+    p.add_argument(
+        "--strategies",
+        action="store_true",
+        help="instead: HF/diffusers checkpointing, torchtitan's selective AC, torchtune's "
+        "offload, PyTorch's auto-SAC and compile's memory budget, predicted and measured, "
+        "and our native plan at each one's peak (`remat bench --strategies --help`)",
+    )
     p.add_argument("--methods", help=f"our methods (default {','.join(OUR_METHODS)})")
     p.add_argument(
         "--device",
@@ -344,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.compiled import main as compiled_main
 
         return compiled_main([a for a in given if a != "--compiled"])
+    if "--strategies" in given:  # what the strategies users run cost, and ours at their peaks
+        from bench.current import main as strategies_main
+
+        return strategies_main([a for a in given if a != "--strategies"])
     args = _parser().parse_args(given)
     console = Console()
     if not console.is_terminal:  # a log file: wide enough that table rows do not wrap
