@@ -39,7 +39,7 @@ from core import strategies
 from core.errors import InfeasibleBudget
 from core.runtime.native import native_handle
 
-MODELS = ("gpt-small-6l", "hf-gpt2-4l", "hf-llama-4l", "diffusers-unet")
+MODELS = ("gpt-tiny", "hf-gpt2", "hf-llama", "diffusers-unet")
 AUTOSAC_BUDGETS = (0.5, 0.3)  # fractions of the store-all peak, as the issue asks
 COMPILE_BUDGET = 0.5  # torch._functorch.config.activation_memory_budget
 
@@ -96,9 +96,17 @@ class Case:
 
 
 def build(name: str) -> Case:
-    """The bench's models: the sample GPT (`gpt-small-6l`), Hugging Face GPT-2 and Llama (4
-    layers, hidden 256, 256 tokens, eager attention: their SDPA path does not trace natively
-    yet) and the diffusers U-Net of `sample_models.diffusers_zoo`."""
+    """The bench's models: a sample model by name (`gpt-tiny`, `gpt-small-6l`), Hugging Face
+    GPT-2 and Llama (`hf-gpt2`/`hf-llama`: the zoo's 2-layer configs; `hf-gpt2-4l`/
+    `hf-llama-4l`: 4 layers, hidden 256, 256 tokens), with eager attention (their SDPA path
+    does not trace natively yet), and the diffusers U-Net of `sample_models.diffusers_zoo`."""
+    if name in ("hf-gpt2", "hf-llama"):  # the zoo's tiny configs (2 layers, hidden 32)
+        from sample_models import hf_zoo
+
+        c = hf_zoo.ZOO[name]()
+        c.model.set_attn_implementation("eager")  # type: ignore[operator]
+        kwargs = {**c.kwargs, "use_cache": False}
+        return Case(c.model, tuple(c.args), kwargs, c.loss_fn, tuple(c.targets))
     if name.startswith("hf-"):
         from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -144,7 +152,7 @@ def build(name: str) -> Case:
 
 
 def _imports(
-    case: Case, problem: core.Problem, log: Callable[[str], None]
+    case: Case, problem: core.Problem, log: Callable[[str], None], budgets: Sequence[float]
 ) -> list[strategies.Imported]:
     """Every strategy that applies to the model (torchtitan's wraps a transformer's layers:
     not the U-Net; auto-SAC's units there are the resnets diffusers checkpoints)."""
@@ -156,7 +164,7 @@ def _imports(
     ]
     diffusers = hasattr(case.model, "enable_gradient_checkpointing")
     units = strategies.diffusers_checkpointed(problem) if diffusers else None
-    for b in AUTOSAC_BUDGETS:
+    for b in budgets:
 
         def autosac(b: float = b) -> strategies.Imported:
             return strategies.autosac(problem, b, case.args, case.kwargs, case.targets, units=units)
@@ -177,7 +185,13 @@ def _imports(
     return out
 
 
-def bench_model(name: str, reps: int, backend: str | None, log: Callable[[str], None]) -> list[Row]:
+def bench_model(
+    name: str,
+    reps: int,
+    backend: str | None,
+    log: Callable[[str], None],
+    autosac: Sequence[float] = AUTOSAC_BUDGETS,
+) -> list[Row]:
     """Every row of one model (see the module's docstring)."""
     torch._dynamo.reset()
     case = build(name)
@@ -189,7 +203,7 @@ def bench_model(name: str, reps: int, backend: str | None, log: Callable[[str], 
     )
     log(f"analysed (measured costs) in {time.perf_counter() - started:.1f} s")
     rows: list[tuple[Row, Step]] = [(Row(name, "eager", "eager PyTorch"), case.step(model))]
-    for imp in _imports(case, problem, log):
+    for imp in _imports(case, problem, log, autosac):
         row = Row(
             name, imp.key if imp.key != "autosac" else f"autosac@{_frac(imp, problem)}", imp.name
         )
@@ -363,10 +377,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="remat bench --strategies", description=__doc__)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--backend", default="inductor", help="torch.compile backend, or 'none'")
+    p.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile backend of the compiled rows, or 'none' (default inductor)",
+    )
+    p.add_argument(
+        "--autosac",
+        default=",".join(str(b) for b in AUTOSAC_BUDGETS),
+        help="auto-SAC's budgets, fractions of the store-all peak (default 0.5,0.3)",
+    )
     p.add_argument("--out", default="results/strategies")
     args = p.parse_args(argv)
     backend = None if args.backend == "none" else args.backend
+    autosac = tuple(float(b) for b in args.autosac.split(",") if b)
     rows: list[Row] = []
     load = os.getloadavg()
     started = time.perf_counter()
@@ -376,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             def log(msg: str, name: str = name) -> None:
                 print(f"  {name}: {msg}", flush=True)
 
-            rows += bench_model(name, args.reps, backend, log)
+            rows += bench_model(name, args.reps, backend, log, autosac)
     text = (
         f"torch {torch.__version__}, 1 thread, {args.reps} paired rounds, load average at start "
         f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (1/5/15 min), at end "
