@@ -152,7 +152,11 @@ def build(name: str) -> Case:
 
 
 def _imports(
-    case: Case, problem: core.Problem, log: Callable[[str], None], budgets: Sequence[float]
+    case: Case,
+    problem: core.Problem,
+    log: Callable[[str], None],
+    budgets: Sequence[float],
+    only: Sequence[str] = (),
 ) -> list[strategies.Imported]:
     """Every strategy that applies to the model (torchtitan's wraps a transformer's layers:
     not the U-Net; auto-SAC's units there are the resnets diffusers checkpoints)."""
@@ -171,6 +175,8 @@ def _imports(
 
         makers.append((f"autosac@{b:.0%}", autosac))
     for key, make in makers:
+        if only and not any(key.startswith(k) for k in only):
+            continue
         if key == "torchtitan" and diffusers:
             log(f"{key}: not applied (torchtitan wraps a transformer's `layers`)")
             continue
@@ -191,6 +197,7 @@ def bench_model(
     backend: str | None,
     log: Callable[[str], None],
     autosac: Sequence[float] = AUTOSAC_BUDGETS,
+    only: Sequence[str] = (),
 ) -> list[Row]:
     """Every row of one model (see the module's docstring)."""
     torch._dynamo.reset()
@@ -203,7 +210,7 @@ def bench_model(
     )
     log(f"analysed (measured costs) in {time.perf_counter() - started:.1f} s")
     rows: list[tuple[Row, Step]] = [(Row(name, "eager", "eager PyTorch"), case.step(model))]
-    for imp in _imports(case, problem, log, autosac):
+    for imp in _imports(case, problem, log, autosac, only):
         row = Row(
             name, imp.key if imp.key != "autosac" else f"autosac@{_frac(imp, problem)}", imp.name
         )
@@ -215,7 +222,7 @@ def bench_model(
         if imp.key == "torchtune" and next(model.parameters()).device.type == "cpu":
             row.note = "torchtune refuses CPU: its single-stream rule replicated"
         rows.append((row, case.step(imp.step(model))))
-    if backend is not None:
+    if backend is not None and (not only or any("compile".startswith(k) for k in only)):
         compiled = torch.compile(model, backend=_compile_backend(backend, COMPILE_BUDGET))
         rows.append(
             (
@@ -388,9 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         help="auto-SAC's budgets, fractions of the store-all peak (default 0.5,0.3)",
     )
     p.add_argument("--out", default="results/strategies")
+    p.add_argument("--only", default="", help="strategy keys to keep (prefixes: autosac,hf)")
     args = p.parse_args(argv)
     backend = None if args.backend == "none" else args.backend
     autosac = tuple(float(b) for b in args.autosac.split(",") if b)
+    only = tuple(k for k in args.only.split(",") if k)
     rows: list[Row] = []
     load = os.getloadavg()
     started = time.perf_counter()
@@ -400,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             def log(msg: str, name: str = name) -> None:
                 print(f"  {name}: {msg}", flush=True)
 
-            rows += bench_model(name, args.reps, backend, log, autosac)
+            rows += bench_model(name, args.reps, backend, log, autosac, only)
     text = (
         f"torch {torch.__version__}, 1 thread, {args.reps} paired rounds, load average at start "
         f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (1/5/15 min), at end "
