@@ -19,14 +19,15 @@ from core.errors import InfeasibleBudget, fmt_bytes
 from core.lowering import Lowering, lower
 from core.plan import Plan
 from core.problem import Problem
-from core.solvers import rockmate
+from core.solvers import checkpoint_blocks, rockmate
 
 STEPS = 12  # interpreter budgets tried between a top budget and Rockmate's minimum
 
 
 def solve(problem: Problem, budget: int) -> Plan:
-    """The Rockmate plan whose native peak fits `budget` with the least native time, among
-    Rockmate's plans at budgets from `budget` and from store-all's peak down to its minimum;
+    """The plan whose native peak fits `budget` with the least native time, among
+    checkpoint_blocks' plan and Rockmate's plans at budgets from `budget` and from store-all's
+    peak down to its minimum;
     InfeasibleBudget when none fits, with the least native peak of the second search (the
     same for every budget, so asking for it finds a plan)."""
     try:
@@ -36,14 +37,18 @@ def solve(problem: Problem, budget: int) -> Plan:
     fixed = _grid(problem.store_all_peak, floor)  # the same for every budget
     best: tuple[Plan, Lowering] | None = None
     lowest: int | None = None
-    for asked in sorted(fixed | _grid(budget, floor), reverse=True):
+    for asked in [None, *sorted(fixed | _grid(budget, floor), reverse=True)]:
         try:
-            plan = rockmate.solve(problem, asked)
+            plan = (
+                rockmate.solve(problem, asked)
+                if asked is not None  # None: every block checkpointed, nothing kept inside
+                else checkpoint_blocks.solve(problem, problem.store_all_peak)
+            )
         except InfeasibleBudget:
             continue
         low = lower(plan, cut_layers=True)
         peak = low.prediction.peak
-        if asked in fixed:
+        if asked is None or asked in fixed:
             lowest = peak if lowest is None else min(lowest, peak)
         if peak <= budget and (best is None or low.prediction.time < best[1].prediction.time):
             best = (plan, low)
