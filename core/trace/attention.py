@@ -382,6 +382,7 @@ class AttentionMode(TorchFunctionMode):
         call = _bind(*args, **kwargs)
         if call.q.device.type == self.target.type:
             return func(*args, **kwargs)  # torch's own dispatcher decides
+        call = _autocast(call)
         kernel, why = select(call, self.target)
         if self.target.prefer not in ("auto", kernel):
             why = f"{NAMES[self.target.prefer]} assumed, not possible here"
@@ -389,6 +390,19 @@ class AttentionMode(TorchFunctionMode):
         seq = int(call.q.shape[-2]) if call.q.dim() > 1 else 0
         self.choices.append(Choice(kernel, str(call.q.dtype).removeprefix("torch."), d, seq, why))
         return run(call, kernel, self.target.type)
+
+
+def _autocast(call: _Call) -> _Call:
+    """The call as CUDA autocast passes it on (core.trace.cuda_autocast: SDPA is on its
+    lower-precision list), when the trace emulates it."""
+    from core.trace.cuda_autocast import cached_cast, emulated_dtype
+
+    dtype = emulated_dtype()
+    if dtype is None:
+        return call
+    q, k, v = (cached_cast(dtype, t) for t in (call.q, call.k, call.v))
+    mask = cached_cast(dtype, call.mask) if call.mask is not None else None
+    return _Call(q, k, v, mask, call.dropout, call.causal, call.scale, call.gqa)
 
 
 def _bind(

@@ -44,17 +44,25 @@ class Autocast:
         """The state a `torch.autocast(...)` object sets; `None` is the caller's state."""
         if context is None:
             return cls.current()
-        if not context._enabled:
-            return cls()
+        if not context._enabled and not (context.device == "cuda" and _no_cuda()):
+            return cls()  # (without CUDA torch disables a CUDA autocast: its state is asked)
         return cls(((context.device, str(context.fast_dtype).removeprefix("torch.")),))
 
     @contextlib.contextmanager
-    def entered(self) -> Iterator[None]:
-        """Run under exactly this state: autocast on where it records it, off elsewhere."""
+    def entered(self, emulate_cuda: bool = False) -> Iterator[None]:
+        """Run under exactly this state: autocast on where it records it, off elsewhere.
+        `emulate_cuda`: the tensors stand for CUDA ones (a GPU step traced on CPU or meta
+        tensors), so CUDA's autocast runs with CUDA's cast lists on them
+        (core.trace.cuda_autocast)."""
+        from core.trace.cuda_autocast import cuda_autocast
+
         with contextlib.ExitStack() as stack:
             stack.enter_context(autocast_off())
             for device, dtype in self.enabled:
-                stack.enter_context(torch.autocast(device, getattr(torch, dtype)))
+                if device == "cuda" and emulate_cuda:
+                    stack.enter_context(cuda_autocast(getattr(torch, dtype)))
+                else:
+                    stack.enter_context(torch.autocast(device, getattr(torch, dtype)))
             yield
 
     def describe(self) -> str:
@@ -73,6 +81,10 @@ class Autocast:
 
 
 OFF = Autocast()
+
+
+def _no_cuda() -> bool:
+    return not torch.cuda.is_available()
 
 
 @contextlib.contextmanager

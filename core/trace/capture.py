@@ -67,9 +67,31 @@ def capture(
     (core.trace.device), the forward's attention and dropout run as on its device model
     (a GPU's kernels, traced on CPU or meta tensors) and it lists the attention kernels."""
     head = head if head is not None else LossHeadMode()
-    with _TRACING, _tensors_restored(model), _checkpoints_inlined(), autocast.entered():
+    emulate = device is not None and device.model.type == "cuda" and not _on_cuda(model)
+    if emulate and any(d == "cuda" for d, _ in autocast.enabled) and _on_meta(model):
+        raise UnsupportedModel(
+            "CUDA autocast on a model on the meta device",
+            "",
+            "CUDA's autocast lists are applied to CPU tensors only (on meta, torch's Python "
+            "decompositions cut the loss's backward): analyse the model on the CPU, or in the "
+            "dtype it trains in (model.to(torch.bfloat16)) without autocast",
+        )
+    with (
+        _TRACING,
+        _tensors_restored(model),
+        _checkpoints_inlined(),
+        autocast.entered(emulate_cuda=emulate),
+    ):
         trace = _capture(model, args, kwargs, loss_fn, targets, head, optimizer, device)
     return dataclasses.replace(trace, autocast=autocast, module_state=ModuleState.of(model))
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.device.type == "cuda" for p in model.parameters())
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
 
 
 @contextlib.contextmanager

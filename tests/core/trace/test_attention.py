@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import core
+from core.trace.autocast import Autocast
 from core.trace.device import DeviceModel
 from core.trace.nodes import Trace
 from sample_models.hf_zoo import llama as zoo_llama
@@ -252,3 +253,20 @@ def test_a_gpu_plan_records_its_device_and_is_refused_on_another(tmp_path):
     cpu_plan = core.solve(_analyze(model, device="cpu"), "80%")
     assert cpu_plan.graph_meta.device == DeviceModel()
     assert "device" not in cpu_plan.graph_meta.to_data()  # CPU plans' files as before
+
+
+def test_a_gpu_step_under_autocast_takes_cudas_cast_lists():
+    """GPT-2 in fp32 under bf16 autocast: traced for an H100, CUDA's lists apply (GELU's
+    `pow` in fp32, attention cast to bf16 first, so flash); traced for CPU, CPU's (`pow` in
+    bf16, not on CPU's fp32 list). A meta model under CUDA autocast is refused by name."""
+    gpu = _analyze(_gpt2(), device="h100", autocast=Autocast((("cuda", "bfloat16"),)))
+    cpu = _analyze(_gpt2(), device="cpu", autocast=Autocast((("cpu", "bfloat16"),)))
+
+    def pow_dtypes(p: core.Problem) -> set[str]:
+        return {n.specs[0].dtype for n in p.graph.trace.nodes if n.label == "aten.pow"}
+
+    assert pow_dtypes(gpu) == {"float32"} and pow_dtypes(cpu) == {"bfloat16"}
+    assert "flash attention (assumed for h100, bfloat16" in gpu.attention
+    assert _labels(gpu.graph.trace, FLASH)
+    with pytest.raises(core.UnsupportedModel, match="CUDA autocast on a model on the meta"):
+        _analyze(_gpt2().to("meta"), device="h100", autocast=Autocast((("cuda", "bfloat16"),)))
