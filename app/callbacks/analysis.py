@@ -48,7 +48,7 @@ def register(app: Dash, studio: Studio) -> None:
         """Analyse the model (trace, costs, blocks), the method's and the baselines'
         trade-offs and the plan at the budget to show, in the background; with the offload
         switch on, the remat+offload curve too. Everything the page draws next is cached."""
-        keep = value if shown and shown.get("model") == model else None
+        keep = wanted_budget(shown, model, value)
         step = list(step or ())
         sig = context_sig(model, costs, device, method, bool(offload), step)
         # a lesson step's budget, for the analysis it set up
@@ -142,6 +142,18 @@ def register(app: Dash, studio: Studio) -> None:
             return stamp(empty_figure(60), context["for"]), plain_error(err)
 
 
+def wanted_budget(shown: dict | None, model: str, value: float | None) -> float | None:
+    """The budget the user wants kept through a new analysis of the same model: the slider's,
+    unless the last analysis moved it out of the way (a method whose least budget is above
+    it: store-all's 100%) and the user has not moved it since; then the one before that, so
+    switching back to Rockmate brings the budget back."""
+    if not shown or shown.get("model") != model:
+        return None
+    if value is not None and value == shown.get("value") and shown.get("wanted") is not None:
+        return float(shown["wanted"])
+    return value
+
+
 def start_value(lo: float, value: float | None) -> float:
     """The slider's position for a range from `lo`%: `value` when in range, else the middle
     (on a 0.5 step), a budget that recomputes."""
@@ -156,8 +168,13 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
     `prepare` chose, the intro and the graph, each stamped with what it is for (the trade-off
     chart follows from `draw_curves`)."""
     lo = context["min_pct"]
+    low = context.get("slider_min", lo)
     value = context.get("value", start_value(lo, value))
     sig = context["for"]
+    label = METHOD_LABELS.get(context["method"], context["method"]).split(" (")[0]
+    marks = {low: f"{low:g}%", 100: "100%"}
+    if lo > low:  # the method's own least budget, where it differs from the model's
+        marks[lo] = f"{label}: {lo:g}%" if lo < 100 else f"100%: {label}'s only budget"
     return {
         "error": "",
         "error_hidden": True,
@@ -165,11 +182,11 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "intro_for": sig,
         "graph_for": sig,
         "methods": [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]],
-        "low": lo,
-        "marks": {lo: f"{lo:g}%", 100: "100%"},
+        "low": low,
+        "marks": marks,
         "budget": value,
         "intro": intro(context["model"], studio.describe(context["model"]), context["numbers"])
-        + little_to_show(lo),
+        + little_to_show(low),
         "graph": block_graph(studio, context["key"]),  # at module level: layers closed
         "open": [],
     }
@@ -237,6 +254,9 @@ def analyse(
         minimum = min(minimum, studio.minimum(key, offload_method))
     peak = problem.store_all_peak
     lo = slider_minimum(minimum, peak)
+    # the slider spans the model's range (its best method's least budget), whatever the
+    # method: store-all's range alone is one point, 100%
+    lowest = min(minimum, studio.minimum(key, studio.default_method()))
     start = start_value(lo, value) if set_to is None else max(lo, min(100.0, set_to))
     set_progress(["97", f"{model}: solving at {start:g}% of the store-all peak…"])
     try:  # warm the plan `solve` draws first; an impossible budget is its to explain
@@ -254,6 +274,8 @@ def analyse(
         "minimum": minimum,
         "min_pct": lo,
         "min_text": f"{lo:g}% ({fmt(minimum)})",
+        "slider_min": slider_minimum(lowest, peak),
+        "wanted": value if set_to is None else start,
         "numbers": intro_numbers(studio, key, problem, methods),
         "value": start,
         "step": [o for o in STEP_OPTIONS if o in step],

@@ -165,6 +165,8 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
             "budget": budget,
             "value": value,
             "copies": len(sim.transfers),  # "next copy" is enabled only when there are some
+            "recomputes": plan.recomputed_ops,  # and "next recompute"
+            "steps": len(plan.program),  # play's ticks stop at the last (in the page)
         },
         "error": "",
         "error_hidden": True,

@@ -44,18 +44,28 @@ def register(app: Dash, studio: Studio) -> None:
         peak = problem.store_all_peak
         pct_b = float(pct_b if pct_b is not None else plan_ref["value"])
         method_b = method_b or plan_ref["method"]
-        try:
-            plan_b = studio.plan(plan_ref["key"], method_b, int(pct_b / 100 * peak))
-        except core.InfeasibleBudget as err:
-            return {
-                "a": stamp(_timeline(problem, plan_a, plan_ref["budget"], "A"), sig),
-                "b": blank(sig, plain_error(err)[:120], 260),
-                "diff": "",
-            }
-        top = max(plan_a.predicted_peak, plan_b.predicted_peak, plan_ref["budget"])
         label_a = f"A · {METHOD_LABELS.get(plan_ref['method'], plan_ref['method'])}"
         label_b = f"B · {METHOD_LABELS.get(method_b, method_b)}"
         a = _timeline(problem, plan_a, plan_ref["budget"], f"{label_a} at {plan_ref['value']:g}%")
+        try:
+            plan_b = studio.plan(plan_ref["key"], method_b, int(pct_b / 100 * peak))
+        except core.InfeasibleBudget as err:  # B's panel and the differences say why
+            least = f"{100 * err.minimum / peak:.1f}%" if err.minimum else "–"
+            b = blank(sig, "<br>".join(_wrap(plain_error(err), 60)), 270)
+            b["layout"]["title"] = {
+                "text": f"{label_b} at {pct_b:g}%: no plan",
+                "font": {"size": 12},
+                "x": 0,
+                "xanchor": "left",
+            }
+            b["layout"]["margin"] = {"l": 10, "r": 10, "t": 46, "b": 10}
+            said = (
+                f"B has no plan: {METHOD_LABELS.get(method_b, method_b)} needs at least "
+                f"{fmt_bytes(err.minimum)} ({least} of the store-all peak), above B's "
+                f"{pct_b:g}%. Set B's budget to {least} or more to compare."
+            )
+            return {"a": stamp(a, sig), "b": b, "diff": [html.P(said, className="no-b")]}
+        top = max(plan_a.predicted_peak, plan_b.predicted_peak, plan_ref["budget"])
         b = _timeline(problem, plan_b, int(pct_b / 100 * peak), f"{label_b} at {pct_b:g}%")
         for fig in (a, b):  # one scale, so heights compare
             fig["layout"]["yaxis"]["range"] = [0, 1.1 * top / figures.pick_unit(peak)[1]]
@@ -64,6 +74,17 @@ def register(app: Dash, studio: Studio) -> None:
             "b": stamp(b, sig),
             "diff": differences(problem, plan_a, plan_b),
         }
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most about `width` characters, broken between words."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def _timeline(problem: Any, plan: Any, budget: int, title: str) -> dict:

@@ -14,7 +14,56 @@ from app.state import Studio
 PLAY, PAUSE = "▶ play", "⏸ pause"
 
 
+# Play, pause and play's ticks run in the page. On the server they raced: Dash keeps only the
+# newest request's answer per callback, so a tick sent while the pause was on its way dropped
+# the pause's answer and play went on under "pause" (4 of 4 tries under load); and with a
+# round trip longer than a tick, every tick's answer was dropped and play stood still.
+PLAY_JS = """function (clicks, paused) {
+  const nu = window.dash_clientside.no_update;
+  if (!clicks) { return [nu, nu]; }
+  return paused ? [false, "PAUSE"] : [true, "PLAY"];
+}""".replace("PAUSE", PAUSE).replace("PLAY", PLAY)
+
+
+# A tick: `speed` steps on, stopping at the program's last step (`plan.steps`, the PLAN
+# store's); a tick at the end (play pressed there) starts again from the first.
+TICK_JS = """function (n, step, speed, plan) {
+  const nu = window.dash_clientside.no_update;
+  if (!n || !plan || !plan.steps) { return [nu, nu, nu]; }
+  const last = plan.steps - 1;
+  if (step !== null && step !== undefined && step >= last) { return [0, nu, nu]; }
+  const next = (step === null || step === undefined) ? 0 : step + (speed || 1);
+  if (next >= last) { return [last, true, "PLAY"]; }
+  return [next, nu, nu];
+}""".replace("PLAY", PLAY)
+
+
 def register(app: Dash, studio: Studio) -> None:
+    app.clientside_callback(
+        TICK_JS,
+        Output(ids.STEP, "data", allow_duplicate=True),
+        Output(ids.TICKER, "disabled", allow_duplicate=True),
+        Output(ids.PLAY, "children", allow_duplicate=True),
+        Input(ids.TICKER, "n_intervals"),
+        State(ids.STEP, "data"),
+        State(ids.SPEED, "value"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    app.clientside_callback(
+        PLAY_JS,
+        Output(ids.TICKER, "disabled", allow_duplicate=True),
+        Output(ids.PLAY, "children", allow_duplicate=True),
+        Input(ids.PLAY, "n_clicks"),
+        State(ids.TICKER, "disabled"),
+        prevent_initial_call=True,
+    )
+    app.clientside_callback(  # "next recompute" does something only on a plan with some
+        "function (plan) { return !(plan && plan.recomputes > 0); }",
+        Output(ids.JUMP_RECOMPUTE, "disabled"),
+        Input(ids.PLAN, "data"),
+    )
+
     @app.callback(
         output={
             "step": Output(ids.STEP, "data", allow_duplicate=True),
@@ -22,39 +71,27 @@ def register(app: Dash, studio: Studio) -> None:
             "play": Output(ids.PLAY, "children"),
         },
         inputs=[
-            Input(ids.PLAY, "n_clicks"),
             Input(ids.STEP_NEXT, "n_clicks"),
             Input(ids.STEP_BACK, "n_clicks"),
             Input(ids.STEP_RESET, "n_clicks"),
             Input(ids.JUMP_PEAK, "n_clicks"),
             Input(ids.JUMP_RECOMPUTE, "n_clicks"),
             Input(ids.JUMP_TRANSFER, "n_clicks"),
-            Input(ids.TICKER, "n_intervals"),
         ],
-        state=[
-            State(ids.STEP, "data"),
-            State(ids.TICKER, "disabled"),
-            State(ids.SPEED, "value"),
-            State(ids.PLAN, "data"),
-        ],
+        state=[State(ids.STEP, "data"), State(ids.PLAN, "data")],
         prevent_initial_call=True,
     )
-    def step_through(
-        _play, _next, _back, _reset, _peak, _rec, _copy, _tick, step, paused, speed, plan_ref
-    ):
+    def step_through(_next, _back, _reset, _peak, _rec, _copy, step, plan_ref):
         plan, _ = shown(studio, plan_ref)
-        step, paused, label = move(ctx.triggered_id, plan, step, paused, speed)
+        step, paused, label = move(ctx.triggered_id, plan, step)
         return {"step": step, "paused": paused, "play": label}
 
 
-def move(trigger: Any, plan: Any, step: int | None, paused: bool, speed: int | None) -> tuple:
-    """(new step, ticker disabled, play button's label) after the control `trigger`;
-    `no_update` where one stays as it is."""
+def move(trigger: Any, plan: Any, step: int | None) -> tuple:
+    """(new step, ticker disabled, play button's label) after the step button `trigger`;
+    `no_update` where one stays as it is. A jump or a reset stops play; play, pause and the
+    ticks are the page's (`PLAY_JS`, `TICK_JS`)."""
     last = len(plan.program) - 1
-    if trigger == ids.PLAY:
-        if paused:
-            return (0 if step is None or step >= last else step), False, PAUSE
-        return no_update, True, PLAY
     if trigger == ids.STEP_RESET:
         return 0, True, PLAY
     if trigger == ids.JUMP_PEAK:
@@ -65,8 +102,7 @@ def move(trigger: Any, plan: Any, step: int | None, paused: bool, speed: int | N
         return (no_update if target is None else target), True, PLAY
     if trigger == ids.STEP_BACK:
         return max(0, (step or 0) - 1), no_update, no_update
-    stride = (speed or 1) if trigger == ids.TICKER else 1
-    nxt = 0 if step is None else step + stride
+    nxt = 0 if step is None else step + 1
     if nxt >= last:
         return last, True, PLAY
     return nxt, no_update, no_update
