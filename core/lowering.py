@@ -25,6 +25,7 @@ from core.problem import Problem, per_problem
 from core.simulator import OFFLOAD
 from core.simulator.native import Checkpointed, native_program
 from core.trace.lifetimes import python_lifetimes
+from core.trace.module_state import ModuleState
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Region:
     nodes: tuple[int, ...] = ()  # the traced node of each op
     forward_nodes: frozenset[int] = frozenset()  # every traced node the module runs
     cached: frozenset[int] = frozenset()  # graph ops whose results the policy saves
+    # the plain attributes of the module and its children the trace baked in (dropout's p)
+    state: ModuleState = ModuleState()
 
 
 @dataclass(frozen=True)
@@ -314,4 +317,8 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
     save = tuple(op_of.get(n) in saved for n in order)
     targets = tuple(nodes[n].target for n in order)
     cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
-    return Region(block, module, targets, save, recomputed, tuple(order), frozenset(every), cached)
+    rows = graph.trace.module_state.rows
+    state = ModuleState(tuple(r for r in rows if r[0] == module or r[0].startswith(module + ".")))
+    return Region(
+        block, module, targets, save, recomputed, tuple(order), frozenset(every), cached, state
+    )

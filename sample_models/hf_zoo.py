@@ -202,6 +202,77 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
 }
 
 
+def _plain_lm(model: nn.Module, layers: int, seq: int, mask: bool) -> ZooCase:
+    """A language model called on `BATCH x seq` tokens with no padding: the ids alone, or
+    with an all-ones attention mask as a tokenizer gives it (`mask`)."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, VOCAB, (BATCH, seq), generator=g)
+    labels = torch.randint(0, VOCAB, (BATCH, seq), generator=g)
+    kwargs = {"attention_mask": torch.ones(BATCH, seq, dtype=torch.long)} if mask else {}
+    return ZooCase(model, (ids,), kwargs, token_loss, (labels,), layers)
+
+
+# the models at their config's defaults (attention: SDPA; dropout as configured by default),
+# at two sizes: (hidden, heads, layers, tokens)
+TINY, WIDE = (32, 4, 2, SEQ), (64, 4, 4, 32)
+
+
+def gpt2_default(size: tuple[int, int, int, int] = TINY) -> ZooCase:
+    """GPT-2 at its defaults (dropout 0.1 in attention, residuals and embeddings), ids only."""
+    hidden, heads, layers, seq = size
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=seq,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
+    return _plain_lm(_made(GPT2LMHeadModel, cfg), layers, seq, mask=size != TINY)
+
+
+def _llama_default(
+    config_cls: Callable[..., Any], size: tuple[int, int, int, int], kv_heads: int
+) -> Any:
+    hidden, heads, layers, seq = size
+    return config_cls(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=seq,
+    )
+
+
+def llama_default(size: tuple[int, int, int, int] = TINY) -> ZooCase:
+    """Llama at its defaults (no attention dropout, as many key/value heads as heads)."""
+    cfg = _llama_default(LlamaConfig, size, size[1])
+    return _plain_lm(_made(LlamaForCausalLM, cfg), size[2], size[3], mask=size != TINY)
+
+
+def qwen2_default(size: tuple[int, int, int, int] = TINY) -> ZooCase:
+    """Qwen2 at its defaults (biased q/k/v projections, no attention dropout), with half as
+    many key/value heads as heads (its default ties them to 32 heads)."""
+    cfg = _llama_default(Qwen2Config, size, size[1] // 2)
+    return _plain_lm(_made(Qwen2ForCausalLM, cfg), size[2], size[3], mask=size != TINY)
+
+
+# at their defaults, called without padding: the tiny size with the ids alone, the wide one
+# with an all-ones mask; transformers then lets SDPA run its causal path (`is_causal=True`),
+# which no padded zoo call reaches
+DEFAULTS: dict[str, Callable[[], ZooCase]] = {
+    "hf-gpt2-default": gpt2_default,
+    "hf-llama-default": llama_default,
+    "hf-qwen2-default": qwen2_default,
+    "hf-gpt2-default-64": lambda: gpt2_default(WIDE),
+    "hf-llama-default-64": lambda: llama_default(WIDE),
+    "hf-qwen2-default-64": lambda: qwen2_default(WIDE),
+}
+
+
 def _meta_lm(model: Callable[[], nn.Module], layers: int) -> ZooCase:
     """A language model and one batch of 512 tokens on the meta device: shapes and costs
     without weights, to plan; it cannot run."""

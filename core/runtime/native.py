@@ -48,6 +48,7 @@ from core.plan import Plan, Prediction
 from core.runtime.kv_cache import kv_cache_guard
 from core.runtime.native_offload import NativeOffload
 from core.trace.eager_branches import SCALAR_READS
+from core.trace.module_state import Watch
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
@@ -171,6 +172,10 @@ def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
     made: list[_Policy] = []
     refuse_kv_cache = kv_cache_guard(region.module, forward)
     stats = _RunningStats(module)
+    mods = dict(module.named_modules(prefix=region.module, remove_duplicate=False))
+    watch = Watch(
+        region.state, tuple(mods[p].__dict__ if p in mods else {} for p, _, _ in region.state.rows)
+    )
 
     def contexts() -> tuple[Any, Any]:
         made[:] = [_Policy(region)]
@@ -194,6 +199,7 @@ def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
 
         out = checkpoint(counted, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         made[0].check_done()
+        watch.check()  # ops alike, other Python state: another dropout p, a switched flag
         return out
 
     return run

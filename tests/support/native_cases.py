@@ -17,7 +17,7 @@ def case(name: str):
     if name.startswith("hf-"):
         from sample_models import hf_zoo
 
-        c = hf_zoo.ZOO[name]()
+        c = {**hf_zoo.ZOO, **hf_zoo.DEFAULTS}[name]()
         return c.model, c.args, {**c.kwargs, "use_cache": False}, c.loss_fn, c.targets
     model, inputs = build(name)
     return model, inputs, {}, None, ()
