@@ -105,6 +105,7 @@ def test_published_figures_as_read() -> None:
     assert measured["Hugging", "batch 1, accumulation 4, gradient checkpointing"] == 6775 * 2**20
 
 
+@pytest.mark.slow
 def test_prediction_is_computed_from_the_configuration() -> None:
     row = _row()
     p = predict(row)
