@@ -254,7 +254,7 @@ def analyze(
         blocks,
         block_of_op,
         cost_name,
-        fingerprint(trace),
+        fingerprint(trace, any_device=dev.type == "cuda"),
         meta,
         store_all.peak,
         sum(op.time for op in graph.ops),

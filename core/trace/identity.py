@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_map
+
 from core.trace.autocast import Autocast
 from core.trace.nodes import Trace
 
@@ -27,17 +30,25 @@ def graph_meta(trace: Trace) -> dict[str, Any]:
     }
 
 
-def fingerprint(trace: Trace) -> str:
+def fingerprint(trace: Trace, any_device: bool = False) -> str:
     """Hash of the ops, shapes, dtypes, parameter names and shapes of a traced step. How the
     inputs are passed (the "call") and the autocast state are left out: the planned module
     checks both on every call (autocast's casts are ops of the graph), and plans made before
-    either was recorded keep their fingerprint."""
+    either was recorded keep their fingerprint. `any_device`: the devices in op arguments
+    are left out too (a GPU plan traced on CPU or meta tensors is bound on the GPU's own
+    trace; `core.bind` checks the device model itself)."""
     h = hashlib.sha256()
     meta = graph_meta(trace)
     h.update(repr({k: v for k, v in meta.items() if k not in ("call", "autocast")}).encode())
     for n in trace.nodes:
-        h.update(repr((n.role, n.label, str(n.target), n.args, n.kwargs, n.specs)).encode())
+        args, kwargs = (n.args, n.kwargs) if not any_device else _deviceless((n.args, n.kwargs))
+        h.update(repr((n.role, n.label, str(n.target), args, kwargs, n.specs)).encode())
     return h.hexdigest()[:32]
+
+
+def _deviceless(args: Any) -> Any:
+    """`args` with every torch.device as the word "device"."""
+    return tree_map(lambda a: "device" if isinstance(a, torch.device) else a, args)
 
 
 def describe_difference(trace: Trace, meta: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@ the CUDA caching allocator rounds them, CPU's exactly."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import core
+from core.trace import fingerprint
 from core.trace.autocast import Autocast
 from core.trace.device import DeviceModel
 from core.trace.nodes import Trace
@@ -270,3 +273,22 @@ def test_a_gpu_step_under_autocast_takes_cudas_cast_lists():
     assert _labels(gpu.graph.trace, FLASH)
     with pytest.raises(core.UnsupportedModel, match="CUDA autocast on a model on the meta"):
         _analyze(_gpt2().to("meta"), device="h100", autocast=Autocast((("cuda", "bfloat16"),)))
+
+
+def test_a_gpu_plans_fingerprint_leaves_the_tensors_device_out():
+    """The GPU's own trace records its factory ops on cuda:0 where a trace on CPU tensors
+    recorded cpu: a GPU plan's fingerprint leaves those devices out (the device model is
+    checked apart), a CPU plan's keeps them."""
+    problem = _analyze(_gpt2(torch.bfloat16), device="h100")
+    trace = problem.graph.trace
+    on_gpu = copy.deepcopy(trace)
+    moved = 0
+    for node in on_gpu.nodes:
+        if node.kwargs.get("device") == torch.device("cpu"):
+            node.kwargs["device"], moved = torch.device("cuda", 0), moved + 1
+    assert moved  # GPT-2's position ids: arange(..., device=cpu)
+    assert fingerprint(on_gpu, any_device=True) == problem.fingerprint
+    assert fingerprint(on_gpu) != fingerprint(trace)
+    cpu = _analyze(_gpt2(torch.bfloat16), device="cpu")
+    assert cpu.fingerprint == fingerprint(cpu.graph.trace)  # devices kept
+    assert cpu.fingerprint != fingerprint(cpu.graph.trace, any_device=True)
