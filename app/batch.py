@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import core
 from app.cache import check_cancelled
 from app.figures.axes import legend_below
+from app.figures.fit import SMALL, capacity_break
 from app.figures.palette import BACKGROUND, BUDGET_COLOR, METHOD_COLORS
 from core.errors import fmt_bytes
 from core.fit import BatchProblems
@@ -64,8 +65,13 @@ def batch_rows(
 
 
 def batch_figure(rows: list[BatchRow], capacity: int, label: str, device_words: str) -> dict:
-    """Lines of eager's and `label`'s footprint against batch size, and the capacity line."""
-    biggest = max([r.eager for r in rows] + [capacity])
+    """Lines of eager's and `label`'s footprint against batch size, and the capacity line;
+    when every footprint is under `SMALL` of the device's memory, the axis ends at the data
+    and the device's memory is named at its break instead (a flat line at the bottom
+    otherwise)."""
+    largest = max(r.eager for r in rows)
+    broken = largest < SMALL * capacity
+    biggest = largest if broken else max(largest, capacity)
     size, unit = (GIB, "GiB") if biggest >= GIB // 4 else (1 << 20, "MiB")
     xs = [r.batch for r in rows]
 
@@ -92,9 +98,23 @@ def batch_figure(rows: list[BatchRow], capacity: int, label: str, device_words: 
             "height": 260,
             "margin": {"l": 60, "r": 10, "t": 28, "b": 90},
             "title": {"text": f"{device_words}: {fmt_bytes(capacity)}", "font": {"size": 12}},
-            "xaxis": {"title": {"text": "batch size"}, "type": "log", "tickvals": xs},
-            "yaxis": {"title": {"text": f"training memory ({unit})"}, "rangemode": "tozero"},
-            "shapes": [
+            "xaxis": {
+                "automargin": True,
+                "title": {"text": "batch size"},
+                "type": "log",
+                "tickvals": xs,
+            },
+            "yaxis": {
+                "automargin": True,
+                "title": {"text": f"training memory ({unit})"},
+                "rangemode": "tozero",
+            },
+            "annotations": [capacity_break(capacity, largest, device_words, inside=True)]
+            if broken
+            else [],
+            "shapes": []
+            if broken
+            else [
                 {
                     "type": "line",
                     "xref": "paper",
@@ -108,6 +128,6 @@ def batch_figure(rows: list[BatchRow], capacity: int, label: str, device_words: 
             ],
             "legend": legend_below(),
             "plot_bgcolor": BACKGROUND,
-            "meta": {"capacity": capacity, "unit": unit},
+            "meta": {"capacity": capacity, "unit": unit, "scale": "break" if broken else "device"},
         },
     }

@@ -16,14 +16,39 @@ FIXED_COLORS = {
     "inputs": "#c7c7c7",
 }
 GIB = 1 << 30
+# Below this share of the device's memory, a bar drawn to the device's scale is a hairline
+# (gpt-tiny's 5.5 MiB on 80 GiB): the axis then ends at the data and the device's line is
+# named at the axis' break instead of drawn.
+SMALL = 0.01
+
+
+def capacity_break(capacity: int, biggest: int, device_words: str, inside: bool = False) -> dict:
+    """The device's memory, off the scale: an annotation at the axis' right end (a break),
+    above the plot or, `inside`, in its top right corner."""
+    return {
+        "xref": "paper",
+        "yref": "paper",
+        "x": 1,
+        "y": 1,
+        "xanchor": "right",
+        "yanchor": "top" if inside else "bottom",
+        "text": f"⫽ {device_words}, {fmt_bytes(capacity)}, is off this scale: "
+        f"{capacity / biggest:,.0f}× the largest total here",
+        "showarrow": False,
+        "font": {"size": 11, "color": BUDGET_COLOR},
+    }
 
 
 def fit_figure(rows: Sequence[tuple[str, Any]], device_words: str) -> dict:
     """One horizontal stacked bar per (label, footprint) in `rows`, in GiB (MiB for small
-    footprints), with the device's memory as a line and each row's total in words."""
+    footprints), with the device's memory as a line and each row's total in words. When the
+    largest total is under `SMALL` of the device's memory, the axis ends at the data and the
+    device's memory is named at its break, so the bars can be seen."""
     biggest = max(f.total for _, f in rows)
     capacity = rows[0][1].capacity
-    size, unit = (GIB, "GiB") if max(biggest, capacity) >= GIB // 4 else (1 << 20, "MiB")
+    broken = biggest < SMALL * capacity
+    top = biggest if broken else max(biggest, capacity)
+    size, unit = (GIB, "GiB") if top >= GIB // 4 else (1 << 20, "MiB")
     labels = [label for label, _ in rows]
     traces = []
     for i, (part, _) in enumerate(rows[0][1].parts()):
@@ -64,11 +89,14 @@ def fit_figure(rows: Sequence[tuple[str, Any]], device_words: str) -> dict:
                 "xanchor": "left",
             },
             "xaxis": {
+                "automargin": True,
                 "title": {"text": f"memory at the peak step ({unit})"},
-                "range": [0, max(biggest, capacity) / size * 1.12],
+                "range": [0, top / size * (1.4 if broken else 1.12)],
             },
             "yaxis": {"autorange": "reversed"},
-            "shapes": [
+            "shapes": []
+            if broken
+            else [
                 {
                     "type": "line",
                     "xref": "x",
@@ -80,9 +108,15 @@ def fit_figure(rows: Sequence[tuple[str, Any]], device_words: str) -> dict:
                     "line": {"color": BUDGET_COLOR, "width": 2, "dash": "dash"},
                 }
             ],
-            "annotations": notes,
+            "annotations": notes
+            + ([capacity_break(capacity, biggest, device_words)] if broken else []),
             "legend": legend_below(),
             "plot_bgcolor": BACKGROUND,
-            "meta": {"unit": unit, "capacity": capacity, "totals": [f.total for _, f in rows]},
+            "meta": {
+                "unit": unit,
+                "capacity": capacity,
+                "totals": [f.total for _, f in rows],
+                "scale": "break" if broken else "device",
+            },
         },
     }

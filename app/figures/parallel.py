@@ -58,7 +58,11 @@ def parallel_figure(plan: Any) -> dict:
             "height": 130 + 34 * len(layouts),
             "barmode": "stack",
             "margin": {"l": 170, "r": 10, "t": 10, "b": 90},
-            "xaxis": {"title": {"text": f"memory per device ({unit})"}, "rangemode": "tozero"},
+            "xaxis": {
+                "automargin": True,
+                "title": {"text": f"memory per device ({unit})"},
+                "rangemode": "tozero",
+            },
             "yaxis": {"autorange": "reversed"},
             "legend": {**legend_below(), "traceorder": "normal"},
             "plot_bgcolor": BACKGROUND,

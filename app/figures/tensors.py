@@ -69,7 +69,11 @@ def tensor_figure(
         "layout": {
             "height": 380,
             "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
-            "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
+            "xaxis": {
+                "automargin": True,
+                "title": {"text": "program step (from 1)"},
+                "showgrid": False,
+            },
             "yaxis": {"title": {"text": f"live memory ({name})"}, "rangemode": "tozero"},
             "hovermode": "closest",
             "legend": legend_below(),

@@ -205,7 +205,11 @@ def _layout(backward_start: int, n: int, unit: str, size: float) -> dict:
     return {
         "height": 360,
         "margin": {"l": 60, "r": 10, "t": 24, "b": 110},
-        "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
+        "xaxis": {
+            "automargin": True,
+            "title": {"text": "program step (from 1)"},
+            "showgrid": False,
+        },
         "yaxis": {"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero"},
         "hovermode": "x unified",
         "legend": legend_below(),

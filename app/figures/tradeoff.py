@@ -77,7 +77,11 @@ def tradeoff_figure(
         "layout": {
             "height": 380,
             "margin": {"l": 60, "r": 10, "t": 10, "b": 130},
-            "xaxis": {"title": {"text": "budget (% of store-all peak)"}, "rangemode": "tozero"},
+            "xaxis": {
+                "automargin": True,
+                "title": {"text": "budget (% of store-all peak)"},
+                "rangemode": "tozero",
+            },
             "yaxis": {"title": {"text": "extra time (%)"}, "range": [-pad, top + pad]},
             "legend": legend_below(),
             "shapes": [budget_shape(budget_pct)] + ([floor_shape(floor[0])] if floor else []),

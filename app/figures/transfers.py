@@ -46,6 +46,7 @@ def transfer_figure(
                 "xanchor": "left",
             },
             "xaxis": {
+                "automargin": True,
                 "title": {"text": "time from the start of the training step (ms)"},
                 "rangemode": "tozero",
             },

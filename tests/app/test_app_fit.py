@@ -3,6 +3,8 @@ chart against the device preset's memory."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import core
@@ -41,6 +43,26 @@ def test_fit_chart_stacks_each_part_and_draws_the_capacity(analysed):
         "parameters and buffers",
         "optimizer state (AdamW)",
     ]
-    assert fig["layout"]["shapes"][0]["x0"] == 32  # GiB
     assert fig["layout"]["meta"]["totals"] == [f.total]
     assert "V100" in fig["layout"]["title"]["text"]
+    big = dataclasses.replace(f, activations=20 * GIB)  # a step the size of the device
+    fig = fit_figure([("this plan", big)], "a V100's memory")
+    assert fig["layout"]["shapes"][0]["x0"] == 32  # GiB: the device's line, drawn
+    assert fig["layout"]["meta"]["scale"] == "device"
+
+
+def test_a_step_under_one_percent_of_the_device_is_drawn_at_its_own_scale(analysed):
+    """gpt-tiny's few MiB on an H100's 80 GiB: the axis ends at the data (the bars fill it)
+    and the device's memory is named at the axis' break, with how many times larger it is."""
+    _, _, problem = analysed("gpt-tiny")
+    plan = core.solve(problem, int(0.6 * problem.store_all_peak), "rockmate")
+    f = footprint(problem, plan, "h100")
+    fig = fit_figure([("this plan", f)], "an H100's memory")
+    layout = fig["layout"]
+    assert layout["meta"]["scale"] == "break" and layout["meta"]["unit"] == "MiB"
+    right = layout["xaxis"]["range"][1]
+    assert f.total / 2**20 < right < 2 * f.total / 2**20  # the bar spans most of the axis
+    assert layout["shapes"] == []  # no line at 80 GiB squeezing the bar to a hairline
+    said = layout["annotations"][-1]["text"]
+    assert said.startswith("⫽ an H100's memory, 80.0 GiB, is off this scale")
+    assert f"{CAPACITY['h100'] / f.total:,.0f}×" in said

@@ -137,3 +137,37 @@ def test_next_recompute_is_enabled_only_on_a_plan_with_recomputes(ready):
     assert page.inner_text(f"#{ids.RECOMPUTED}") == "0"
     page.wait_for_function("(id) => document.getElementById(id).disabled", arg=ids.JUMP_RECOMPUTE)
     assert jump.is_disabled()
+
+
+# Each chart's axis titles against its own tick labels: [chart, axis, title, tick] overlaps.
+OVERLAPS = """() => { const out = [];
+  const hit = (a, b) => !(a.right <= b.left || b.right <= a.left || a.bottom <= b.top
+    || b.bottom <= a.top);
+  document.querySelectorAll('.js-plotly-plot').forEach(g => {
+    const id = g.closest('[id]').id;
+    for (const ax of ['x', 'y']) {
+      const t = g.querySelector('.g-' + ax + 'title text');
+      if (!t) { continue; }
+      const r = t.getBoundingClientRect();
+      g.querySelectorAll('.' + ax + 'tick text').forEach(k => {
+        if (hit(r, k.getBoundingClientRect())) { out.push([id, ax, t.textContent, k.textContent]); }
+      });
+    }
+  });
+  return out; }"""
+SETTLED_VIEWS = """() => !document.body.hasAttribute('data-busy')
+  && !document.querySelector('[data-refreshing]')"""
+
+
+def test_axis_titles_clear_their_tick_labels_with_offloading_on(ready):
+    """With offloading on, the longer legends pushed the titles onto the ticks ("program step
+    (from 1)" on 150, "budget (% of store-all peak)" on 40 and 60, "batch size" on 4)."""
+    page = ready
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
+    page.wait_for_function(
+        "() => (document.querySelector('#numbers').getAttribute('data-for') || '')"
+        ".includes('|on|')",
+        timeout=300_000,
+    )
+    page.wait_for_function(SETTLED_VIEWS, timeout=300_000)
+    assert page.evaluate(OVERLAPS) == []

@@ -58,8 +58,12 @@ def test_memory_against_batch_grows_and_draws_the_device_capacity(studio):
     assert eager == sorted(eager) and eager[0] < eager[-1]
     assert all(r.ours is None or r.fixed < r.ours < r.eager for r in rows)
     fig = batch_figure(rows, CAPACITY["v100"], "Rockmate at 60%", "a V100's memory")
-    assert fig["layout"]["shapes"][0]["y0"] == 32  # GiB
     assert [t["x"] for t in fig["data"]][1] == [1, 2, 4]
+    # a few MiB against 32 GiB: the axis ends at the data, the device is named at its break
+    assert fig["layout"]["meta"]["scale"] == "break" and fig["layout"]["shapes"] == []
+    assert "is off this scale" in fig["layout"]["annotations"][0]["text"]
+    fig = batch_figure(rows, 4 * rows[-1].eager, "Rockmate at 60%", "a small device's memory")
+    assert fig["layout"]["shapes"][0]["y0"] > 0 and fig["layout"]["meta"]["scale"] == "device"
 
 
 def test_memory_against_batch_leaves_out_the_batch_sizes_that_do_not_trace(studio):
