@@ -94,6 +94,19 @@ class Case:
 
         return fn
 
+    def planned_step(self, planned: Callable[..., Any]) -> Step:
+        """A bench step of a natively planned model: with a loss_fn, `apply_plan` gives a
+        step module taking the targets as `targets=` and returning the loss."""
+        if self.loss_fn is None:
+            return self.step(planned)
+
+        def fn(_inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+            loss = planned(*self.args, **self.kwargs, targets=self.targets)
+            loss.backward()
+            return loss
+
+        return fn
+
 
 def build(name: str) -> Case:
     """The bench's models: a sample model by name (`gpt-tiny`, `gpt-small-6l`), Hugging Face
@@ -309,12 +322,12 @@ def _ours(
             )
         ]
     copy = shared_copy(case.model)
-    native = core.apply_plan(copy, plan, runtime="native")
+    native = core.apply_plan(copy, plan, runtime="native", loss_fn=case.loss_fn)
     handle = native_handle(native)
     assert handle is not None
     row = Row(rival.model, f"ours@{rival.key}", "ours native", rival=rival.key)
     row.predicted = handle.prediction.peak
-    out = [(row, case.step(native))]
+    out = [(row, case.planned_step(native))]
     if backend is not None:
         crow = Row(
             rival.model,
@@ -323,7 +336,7 @@ def _ours(
             peak_source="profiler" if backend == "inductor" else "tracker",
             rival=rival.key,
         )
-        out.append((crow, case.step(torch.compile(native, backend=backend))))
+        out.append((crow, case.planned_step(torch.compile(native, backend=backend))))
     for r, s in out:
         _check(runner, r, s, eager, log)
     log(
