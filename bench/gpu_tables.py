@@ -57,6 +57,8 @@ COUNTS: dict[str, str] = {
     "allocated": "`torch.cuda.max_memory_allocated` (`allocated_bytes.all.peak`): the blocks "
     "the caching allocator handed out, each request rounded up to 512 B, an unsplit cached "
     "block counted whole",
+    "active": "`active_bytes.all.peak` (torchtitan's max_active): allocated blocks, each "
+    "counted until the last stream using it is done with it",
     "reserved": "`torch.cuda.max_memory_reserved` (`reserved_bytes.all.peak`): the segments the "
     "caching allocator holds from `cudaMalloc`, allocated blocks and cached free ones",
     "nvml": "NVML's `used` memory of the whole GPU (`nvidia-smi`): the CUDA context and "
@@ -65,7 +67,8 @@ COUNTS: dict[str, str] = {
 STRATEGIES: dict[str, str] = {
     "none": "no step: what stays allocated between steps",
     "store_all": "every activation kept (plain PyTorch)",
-    "checkpoint_blocks": "every layer checkpointed (its input kept, the rest recomputed)",
+    "checkpoint_blocks": "every layer checkpointed (its input kept, the rest recomputed): "
+    "Hugging Face's gradient checkpointing, torchtitan's full AC",
     "selective_op": "torchtitan's selective op checkpointing of every layer",
 }
 

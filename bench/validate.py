@@ -329,15 +329,15 @@ def validate_model(
     for precision in PRECISIONS:
         try:
             case = spec.build(device)
+            bench = _Bench(case, device)
+            # native plans wrap the analysed model's layers (a plan binds to the model
+            # analysed), so eager, the reference and the timing pairs, runs on a second
+            # instance from the same state
+            plain = _Bench(spec.build(device), device, start=bench.start)
         except Exception as e:
             rows += _failed_rows(spec.name, precision, f"model not built: {_refusal(e)}")
             continue
         autocast = _autocast(device, precision)
-        bench = _Bench(case, device)
-        # native plans wrap the analysed model's layers (a plan binds to the model analysed),
-        # so eager, the reference and the timing pairs, runs on a second instance from the
-        # same state
-        plain = _Bench(spec.build(device), device, start=bench.start)
         eager = _Step(plain.case, autocast)
         try:
             with autocast():
