@@ -73,7 +73,11 @@ def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> 
             "title": {
                 "text": f"arena {fmt_bytes(layout.size)}: {layout.fragmentation:.2f}x the live peak"
             },
-            "xaxis": {"title": {"text": "program step (from 1)"}, "showgrid": False},
+            "xaxis": {
+                "automargin": True,
+                "title": {"text": "program step (from 1)"},
+                "showgrid": False,
+            },
             "yaxis": {"title": {"text": f"address ({unit})"}, "rangemode": "tozero"},
             "legend": legend_below(),
             "shapes": shapes,

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -137,13 +137,16 @@ def bench_app(
     switches: Sequence[str] = (),
     before: str | Path | None = None,
     chromium: str | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> dict:
     """Slider moves on each of `models` and model switches to each of `switches`, on this
     checkout's app ("after") and, with `before`, on that checkout's too, alternating.
 
     Returns {"slider": {version: {model: [(timeline_ms, undimmed_ms), ...]}},
-    "switch": {version: {model: (timeline_s, undimmed_s)}}}.
+    "switch": {version: {model: (timeline_s, undimmed_s)}}}; `report` gets each
+    measurement in words as it is taken.
     """
+    say = report or (lambda line: None)
     sync_playwright = _playwright()
     path = chromium or shutil.which("chromium") or "/usr/bin/chromium"
     roots = {"after": ROOT, **({"before": Path(before)} if before else {})}
@@ -178,6 +181,7 @@ def bench_app(
                     out["slider"][v][model].append(
                         (round(got["timeline"], 1), round(got["undimmed"], 1))
                     )
+                    say(f"{v} {model} move {i}: {out['slider'][v][model][-1]} ms")
                     wait_calm(page)
         for model in switches:
             for v, page in pages.items():
@@ -189,6 +193,7 @@ def bench_app(
                     round(got["timeline"] / 1e3, 1),
                     round(got["undimmed"] / 1e3, 1),
                 )
+                say(f"{v} switch to {model}: {out['switch'][v][model]} s")
         browser.close()
     return out
 
@@ -281,6 +286,6 @@ def _wait_http(url: str, process: subprocess.Popen, timeout: float = 120) -> Non
 if __name__ == "__main__":
     before = sys.argv[1] if len(sys.argv) > 1 else None
     switches = sys.argv[2].split(",") if len(sys.argv) > 2 else ()
-    result = bench_app(before=before, switches=switches)
+    result = bench_app(before=before, switches=switches, report=lambda s: print(s, flush=True))
     print(result)
     print(app_table(result))
