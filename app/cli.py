@@ -197,7 +197,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("app", help="serve the Dash app")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_port, default=8050, help="TCP port, 0-65535")
-    s.add_argument("--model", default=None, help="add package.module:callable to the models")
+    s.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="add package.module:callable to the models; give it several times for several "
+        "(the page opens on the first)",
+    )
     s.add_argument("--app-debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
     s.add_argument(
         "--offload-method",
@@ -516,7 +522,7 @@ def _app(args: argparse.Namespace, rest: list[str]) -> int:
     serve(  # a bad --model or --offload-method is a ValueError: main's one error line
         host=args.host,
         port=args.port,
-        model=args.model,
+        models=args.model,
         debug=args.app_debug,
         offload_method=args.offload_method,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.readback import percent
+from app.readback import percent, slider_minimum
 from app.reasons import peak_reason
 from app.state import METHOD_LABELS, Studio
 from core.errors import InfeasibleBudget, fmt_bytes
@@ -77,12 +77,13 @@ def _answer_solver(studio: Studio, key: str, pct: float) -> str:
 
 def _answer_offload(studio: Studio, key: str, pct: float) -> str:
     problem = studio.problem(key)
-    remat = percent(studio.minimum(key, "rockmate"), problem.store_all_peak)
-    curve = studio.offload_tradeoff(key)
-    low = percent(min(p.budget for p in curve), problem.store_all_peak)
+    peak = problem.store_all_peak
+    # as the slider shows them (0.5% steps), so step 5's lowest budget is this number
+    remat = slider_minimum(studio.minimum(key, "rockmate"), peak)
+    low = slider_minimum(studio.minimum(key, studio.offload_method), peak)
     return (
-        f"Recomputation alone stops at {remat:.1f}% of the store-all peak; with offloading the "
-        f"curve goes down to {low:.1f}%: activations parked in host memory cost no device "
+        f"Recomputation alone stops at {remat:g}% of the store-all peak; with offloading the "
+        f"curve goes down to {low:g}%: activations parked in host memory cost no device "
         "memory, and their copies hide behind compute unless one comes back late (a stall)."
     )
 
@@ -90,11 +91,14 @@ def _answer_offload(studio: Studio, key: str, pct: float) -> str:
 def _answer_floor(studio: Studio, key: str, pct: float) -> str:
     problem = studio.problem(key)
     floor = problem.floor
+    at = percent(floor.nbytes, problem.store_all_peak)
     return (
         f"One op, {floor.op} ({floor.label}), needs {fmt_bytes(floor.nbytes)} at once: "
-        f"its inputs and outputs, "
-        f"{percent(floor.nbytes, problem.store_all_peak):.1f}% of the store-all peak. No "
-        "plan, recomputing or offloading, can hold less while that op runs: that is the floor."
+        f"its inputs and outputs, {at:.1f}% of the store-all peak. No plan, recomputing or "
+        "offloading, can hold less while that op runs: that is the floor. The lowest budget "
+        f"here, {pct:g}%, is {pct - at:.1f} points above it: beside that op, what must stay "
+        "alive then (the parameter gradients made so far, and the values the rest of the "
+        "backward recomputes from) also needs room."
     )
 
 

@@ -6,7 +6,7 @@ import logging
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +69,24 @@ def serve(
     model: str | None = None,
     debug: bool = False,
     offload_method: str = DEFAULT_OFFLOAD,
+    models: Sequence[str] = (),
 ) -> None:
-    """Serve the app on http://host:port/, opened on gpt-tiny or on `model`
-    ("package.module:callable" returning (model, example_inputs)); its offload switch
-    re-solves with `offload_method`."""
+    """Serve the app on http://host:port/, with `model` and `models` ("package.module:callable"
+    returning (model, example_inputs)) added to the menu, opened on the first of them or on
+    gpt-tiny; its offload switch re-solves with `offload_method`."""
     check_port(host, port)
-    extra, initial = {}, None
-    if model:  # a wrong --model is an error (ModelSpecError), not a silent fallback
-        extra[model], initial = resolve_builder(model), model
+    extra = extra_models([*([model] if model else []), *models])
+    initial = next(iter(extra), None)
     app = create_app(extra, initial_model=initial, offload_method=offload_method)
     print(f"Remat Studio: http://{host}:{port}/", flush=True)
     app.run(host=host, port=port, debug=debug)
+
+
+def extra_models(specs: Sequence[str]) -> dict[str, Callable]:
+    """The builders of `specs` ("package.module:callable"), by name, in order; a wrong one is
+    an error (ModelSpecError), not a silent fallback. Each is resolved here, at start-up, so
+    nothing typed in the page ever imports code."""
+    return {spec: resolve_builder(spec) for spec in dict.fromkeys(specs)}
 
 
 def check_port(host: str, port: int) -> None:

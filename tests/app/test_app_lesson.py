@@ -45,7 +45,7 @@ def test_the_lesson_runs_end_to_end(page, url):
     wait_ready(page, "gpt-tiny", 120_000)
     assert page.locator(f"#{ids.LESSON_REVEAL}").is_disabled()  # no question yet
     page.click(f"#{ids.LESSON_START}")
-    budgets = []
+    budgets, answers = [], []
     for n, (title, method, offload, said) in enumerate(STEPS):
         if n:
             page.click(f"#{ids.LESSON_NEXT}")
@@ -58,6 +58,7 @@ def test_the_lesson_runs_end_to_end(page, url):
         page.click(f"#{ids.LESSON_REVEAL}")
         answer.wait_for(state="visible")
         assert said in answer.inner_text(), (title, answer.inner_text())
+        answers.append(answer.inner_text())
         budgets.append(float(page.get_attribute("#budget [role=slider]", "aria-valuenow")))
         if n == 2:
             page.evaluate("() => window.scrollTo(0, 0)")
@@ -67,6 +68,11 @@ def test_the_lesson_runs_end_to_end(page, url):
     assert offload == solver
     low = float(page.get_attribute("#budget [role=slider]", "aria-valuemin"))
     assert floor == low < solver  # the floor step: the lowest budget the slider allows
+    # step 4's lowest offloading budget is step 5's slider minimum, to the same digit, and
+    # step 5 names the gap between that budget and the floor
+    assert f"with offloading the curve goes down to {low:g}%" in answers[3], answers[3]
+    assert f"The lowest budget here, {low:g}%, is " in answers[4], answers[4]
+    assert " points above it" in answers[4]
     assert page.locator(f"#{ids.LESSON_NEXT}").is_disabled()
     page.click(f"#{ids.LESSON_BACK}")
     settled(page, STEPS[3][0], STEPS[3][1], True)

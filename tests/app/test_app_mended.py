@@ -171,3 +171,14 @@ def test_axis_titles_clear_their_tick_labels_with_offloading_on(ready):
     )
     page.wait_for_function(SETTLED_VIEWS, timeout=300_000)
     assert page.evaluate(OVERLAPS) == []
+
+
+def test_the_busy_bar_is_one_line_above_the_title(ready):
+    page = ready
+    choose(page, ids.MODEL, "mlp-tiny")
+    page.wait_for_function("() => document.body.hasAttribute('data-busy')")
+    bar = page.locator(f"#{ids.PROGRESS}").bounding_box()
+    title = page.locator("h1").bounding_box()
+    assert bar is not None and title is not None
+    assert bar["height"] <= 40  # one line, however long its words
+    assert bar["y"] + bar["height"] <= title["y"]  # above the title, not over it

@@ -62,3 +62,21 @@ def test_fit_says_where_the_search_stopped_and_whose_op_times_it_used(capsys):
     )
     out = capsys.readouterr().out
     assert "op times estimated for a100;" in out and "the default" not in out
+
+
+def test_app_takes_several_models_and_resolves_each_at_start_up(monkeypatch, tmp_path):
+    (tmp_path / "twomods.py").write_text(
+        "import torch\n"
+        "def small():\n    return torch.nn.Linear(4, 4), (torch.randn(2, 4),)\n"
+        "def big():\n    return torch.nn.Linear(8, 8), (torch.randn(2, 8),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import app.server
+
+    asked = {}
+    monkeypatch.setattr(app.server, "serve", lambda **kw: asked.update(kw))
+    assert main(["app", "--model", "twomods:small", "--model", "twomods:big"]) == 0
+    assert asked["models"] == ["twomods:small", "twomods:big"]
+    extra = app.server.extra_models(asked["models"])
+    assert list(extra) == ["twomods:small", "twomods:big"]  # in the menu, in order
+    assert extra["twomods:big"]().model.in_features == 8
