@@ -200,6 +200,9 @@ def _imports(
         except strategies.NotApplicable as e:
             log(f"{key}: {e}")
             continue
+        except Exception as e:  # the strategy's own code failed on this model: say so
+            log(f"{key}: its own code failed: {type(e).__name__}: {str(e)[:160]}")
+            continue
         out.append(imported)
     return out
 
@@ -434,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: {msg}", flush=True)
 
             rows += bench_model(name, args.reps, backend, log, autosac, only)
+            print(table([r for r in rows if r.model == name]), flush=True)
     text = (
         f"torch {torch.__version__}, 1 thread, {args.reps} paired rounds, load average at start "
         f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (1/5/15 min), at end "
