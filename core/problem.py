@@ -208,7 +208,9 @@ def analyze(
         opt = OptimizerStep(optimizer, [p for p in model.parameters() if p.requires_grad])
     step = (args, kwargs, loss_fn, targets)
     dev = _device_model(model, device, attention)
-    dispatch = DeviceDispatch(dev)
+    # tensors on the device's own type dispatch as torch does there: nothing to emulate
+    held = next((p.device.type for p in model.parameters()), "cpu")
+    dispatch = DeviceDispatch(dev) if held != dev.type else None
     trace, graph, head = _traced(model, step, state, loss_head, opt, dispatch)
     round_values(graph, allocator_for(dev.type))
     report("costs", 0.3)
@@ -263,7 +265,7 @@ def analyze(
         loss_fn,
         opt,
         device_model=dev,
-        attention_kernels=tuple(dispatch.choices),
+        attention_kernels=tuple(dispatch.choices) if dispatch is not None else (),
     )
 
 
