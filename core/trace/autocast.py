@@ -41,11 +41,14 @@ class Autocast:
 
     @classmethod
     def of(cls, context: torch.autocast | None) -> Autocast:
-        """The state a `torch.autocast(...)` object sets; `None` is the caller's state."""
+        """The state a `torch.autocast(...)` object sets; `None` is the caller's state. On a
+        machine without CUDA, torch switches a CUDA autocast off as it is made (an explicit
+        `enabled=False` cannot be told apart): it is read as on, since planning a GPU step
+        is its only use there."""
         if context is None:
             return cls.current()
         if not context._enabled and not (context.device == "cuda" and _no_cuda()):
-            return cls()  # (without CUDA torch disables a CUDA autocast: its state is asked)
+            return cls()
         return cls(((context.device, str(context.fast_dtype).removeprefix("torch.")),))
 
     @contextlib.contextmanager
