@@ -227,6 +227,12 @@ def analyze(
         cost_name = costs.model
     elif costs == "measured":
         on = _device_name(model)
+        if dispatch is not None:
+            raise ValueError(
+                f"costs='measured' times the ops on the model's device ({on}), but this step "
+                f"is traced for {dev.describe()}, whose kernels do not run there: use "
+                "costs='estimated', or analyse the model on that device"
+            )
         cost_models.assign_times(
             graph,
             "measured",

@@ -292,3 +292,10 @@ def test_a_gpu_plans_fingerprint_leaves_the_tensors_device_out():
     cpu = _analyze(_gpt2(torch.bfloat16), device="cpu")
     assert cpu.fingerprint == fingerprint(cpu.graph.trace)  # devices kept
     assert cpu.fingerprint != fingerprint(cpu.graph.trace, any_device=True)
+
+
+def test_measured_costs_of_a_step_for_another_device_are_refused():
+    """Measured costs run the ops on the model's device: a GPU step's flash kernel does not
+    run on CPU, so the request is refused with what to do."""
+    with pytest.raises(ValueError, match="costs='measured' times the ops on the model's"):
+        _analyze(_llama(dtype=torch.bfloat16), device="h100", costs="measured")
