@@ -87,8 +87,10 @@ class Case:
         """A bench step: forward through `run`, the loss, backward; returns the loss."""
 
         def fn(_inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-            out = run(*self.args, **self.kwargs)
-            loss = out if self.loss_fn is None else self.loss_fn(out, *self.targets)
+            if self.loss_fn is None:
+                loss = run(*self.args, **self.kwargs)
+            else:  # the output is not held through the backward (its logits would be)
+                loss = self.loss_fn(run(*self.args, **self.kwargs), *self.targets)
             loss.backward()
             return loss
 
@@ -239,7 +241,11 @@ def bench_model(
             row.note = "torchtune refuses CPU: its single-stream rule replicated"
         rows.append((row, case.step(_under(imp, model))))
     if backend is not None and (not only or any("compile".startswith(k) for k in only)):
-        compiled = torch.compile(model, backend=_compile_backend(backend, COMPILE_BUDGET))
+        # a copy sharing the parameters: the other strategies swap and flag the model's
+        # layers, which would fail dynamo's guards and recompile at every call
+        compiled = torch.compile(
+            shared_copy(model), backend=_compile_backend(backend, COMPILE_BUDGET)
+        )
         rows.append(
             (
                 Row(
