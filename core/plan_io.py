@@ -25,9 +25,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from core.costs import DEVICES
 from core.errors import PlanFileError
 from core.optimizer_step import HYPER_FIELDS
 from core.simulator import KINDS
+from core.trace.attention import KERNELS
 from core.trace.autocast import DEVICE_TYPES
 
 FORMAT = "remat-studio-plan"
@@ -327,9 +329,6 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
 
 def _check_device(device: Any, bad: Callable[[str], PlanFileError]) -> None:
     """{name: a preset, type: cpu or cuda, capability: [major, minor] or None, attention}."""
-    from core.costs import DEVICES
-    from core.trace.attention import KERNELS
-
     if not (
         isinstance(device, dict) and set(device) == {"name", "type", "capability", "attention"}
     ):

@@ -20,6 +20,7 @@ from torch import nn
 
 import core
 from core.graph import Graph, Op, Value
+from core.graph_meta import GraphMeta
 from core.memory import StorageTracker, step_tensors
 from core.plan import Plan
 from core.problem import Problem
@@ -166,7 +167,7 @@ def forced(problem, plan: Plan, count: int) -> Plan:
         if trial is not None and done < count:
             (program, start), done = trial, done + 1
     assert done == count, f"only {done} activations to offload"
-    return Plan(program, start, "forced", 0, problem.fingerprint, problem=problem)
+    return Plan(program, start, "forced", 0, problem)
 
 
 def check_runs_as_predicted(name: str, base: str, count: int, lane=None) -> None:
@@ -264,7 +265,8 @@ def step_graphs(draw, max_forward: int = 6, max_backward: int = 7) -> Problem:
     block_of_op = [0] * len(ops)
     store_all = simulate(graph, block_of_op, *store_all_program(graph))
     total = sum(op.time for op in ops)
-    return Problem(graph, [], block_of_op, "synthetic", "synthetic", {}, store_all.peak, total)
+    meta = GraphMeta((), (), (), len(ops))  # a graph of no traced step: nothing to record
+    return Problem(graph, [], block_of_op, "synthetic", "synthetic", meta, store_all.peak, total)
 
 
 def runs_keeping(problem: Problem, keep: set[int]) -> tuple[list[int], int]:

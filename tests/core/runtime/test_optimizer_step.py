@@ -174,14 +174,15 @@ def test_a_plan_file_with_a_damaged_optimizer_record_is_refused():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     meta = core.analyze(model, (x,), loss_fn=loss_fn, targets=(y,), optimizer=opt).graph_meta
-    check_graph_meta(meta)
+    data = meta.to_data()
+    check_graph_meta(data)
     for damage in (
         {"kind": "lion"},
-        {"groups": [{**meta["optimizer"]["groups"][0], "lr": "os.system"}]},
+        {"groups": [{**data["optimizer"]["groups"][0], "lr": "os.system"}]},
         {"of": [0]},
     ):
         with pytest.raises(core.PlanFileError, match="optimizer"):
-            check_graph_meta({**meta, "optimizer": {**meta["optimizer"], **damage}})
+            check_graph_meta({**data, "optimizer": {**data["optimizer"], **damage}})
 
 
 @pytest.mark.parametrize(

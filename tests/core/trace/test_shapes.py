@@ -84,7 +84,7 @@ def test_a_carried_plan_is_the_first_plans_program_and_is_cached(tiny, monkeypat
     def no_trace(*args, **kwargs):
         raise AssertionError("a planned shape was traced again")
 
-    monkeypatch.setattr(shapes, "analyze", no_trace)
+    monkeypatch.setattr(shapes, "trace_recorded", no_trace)
     assert run.plan_for(*x) is entry
     _assert_exact(model, run, x, plan.budget)
 
@@ -110,7 +110,7 @@ def test_declared_shapes_are_planned_before_the_first_step(tiny, monkeypatch):
     def no_trace(*args, **kwargs):
         raise AssertionError("a declared shape was traced during training")
 
-    monkeypatch.setattr(shapes, "analyze", no_trace)
+    monkeypatch.setattr(shapes, "trace_recorded", no_trace)
     _assert_exact(model, run, _batch(inputs, 2, 40), plan.budget)
 
 
