@@ -84,6 +84,10 @@ class Tape(TorchDispatchMode):
                 record.append(x)
             elif x in self.made:
                 record.append(_Made(*self.made[x]))
+            elif id(x) in self.scratch and self.scratch[id(x)][0] is x:
+                # running statistics: batch norm writes them without saying so in its
+                # schema (`native_batch_norm`'s running_mean is no `Tensor(a!)`)
+                record.append(_Outer(self.scratch[id(x)][1]))
             elif any(x is w for w in written):
                 record.append(_Outer(self._scratch(func, x)))
             else:

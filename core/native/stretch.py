@@ -198,18 +198,17 @@ def _writes_outside(
     problem: Problem, stretch: tuple[int, ...], inplace: dict[int, int], op_of: dict[int, int]
 ) -> bool:
     """Whether an op of the stretch writes into a tensor made before it (other than a
-    buffer: the replay writes those into scratch), as eager's in-place activations do."""
-    graph, nodes = problem.graph, problem.graph.trace.nodes
+    buffer: the replay writes those into scratch), or is an activation eager runs in place
+    (`SiLU(inplace=True)`, timm's `BatchNormAct2d`): eager dispatches it in place where the
+    trace has a clone and the op out of place, so the stretch's ops would not match."""
+    nodes = problem.graph.trace.nodes
     mine = set(stretch)
     for n in stretch:
         for w in nodes[n].writes:
             if w not in mine and nodes[w].role != "state":
                 return True
-        o = op_of.get(n)
-        if o in inplace and n == graph.ops[o].nodes[0]:
-            producer = graph.values[graph.ops[o].inputs[0]].producer
-            if producer is None or graph.ops[producer].nodes[0] not in mine:
-                return True
+        if op_of.get(n) in inplace:  # eager runs it in place, the trace out of place
+            return True
     return False
 
 
