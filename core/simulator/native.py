@@ -150,20 +150,27 @@ def native_program(
     owner: dict[int, int] = {}  # backward op -> region of its node
     node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
     saving: set[int] = set()  # forward nodes that made a node saving a tensor
+    own: set[int] = set()  # ... saving one of its own op's results, not only its inputs
     for call in calls:
         made = maker.get(call.seq_nr) if not call.stale else None
         r = region_of_node.get(made) if made is not None else None
         if r is None or made is None:
             continue
+        results = set(graph.ops[op_of[made]].outputs) if made in op_of else set()
         for b in call.ops:
             owner[b], node_of[b] = r, made
-            if any(v in existing and v not in arriving for v in graph.ops[b].inputs):
+            read = [v for v in graph.ops[b].inputs if v in existing and v not in arriving]
+            if read:
                 saving.add(made)
+            if results.intersection(read):
+                own.add(made)
     for b, made in node_of.items():
         if made in saving:
             part = parts[owner[b]]
             part.saving.add(b)
-            part.stop = max(part.stop, op_of[made])
+            # autograd packs a node's inputs before its op runs, its results after: when
+            # the last holder is an input's, the recompute stops before that op
+            part.stop = max(part.stop, op_of[made] if made in own else op_of[made] - 1)
     for part, reg in zip(parts, regions):
         if not reg.early_stop and part.stop >= 0:
             part.stop = max(part.ops)
