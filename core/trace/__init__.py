@@ -11,6 +11,11 @@ The parts, in the order they import each other:
   `describe_difference`);
 - `functionalize`: in-place ops on tensors already read, rewritten out of place;
 - `scope`: which submodule runs while tracing; failures as `UnsupportedModel`;
+- `attention`: the kernel `scaled_dot_product_attention` runs on a device, by torch's rules,
+  and that kernel in a trace for another device (`AttentionMode`, `select`);
+- `cuda_autocast`: CUDA's autocast cast lists on CPU tensors (a GPU step traced here);
+- `device`: the device a step is traced for (`DeviceModel`) and its dispatch (`DeviceDispatch`:
+  attention, CUDA's fused dropout);
 - `convert`: the fx graph as `AtenNode`s with numbered storages;
 - `capture`: the joint forward+backward graph (`capture`), built from the parts above.
 
