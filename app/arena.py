@@ -21,7 +21,7 @@ from app.figures.palette import (
     PEAK_COLOR,
     PHASE_LINE,
 )
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 _KINDS = {"activation": "activations", "temporary": "temporaries", "gradient": "gradients"}
 
@@ -39,9 +39,9 @@ def storage_text(graph: Any, value: int) -> str:
 
 
 def arena_figure(layout: Any, graph: Any, backward_start: int | None = None) -> dict:
-    """Storages of `layout` (a `core.layout.Arena`) as rectangles: step on x, address on y.
+    """Storages of `layout` (a `core.Arena`) as rectangles: step on x, address on y.
 
-    `graph` is the plan's `core.graph.Graph` (for names, kinds, ops and modules);
+    `graph` is the plan's `core.Graph` (for names, kinds, ops and modules);
     `backward_start`, when given, draws the boundary between the passes.
     """
     unit, scale = pick_unit(max(layout.size, 1))

@@ -5,6 +5,7 @@ trace each batch on fake tensors, and `core.solve`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -13,9 +14,7 @@ from app.cache import check_cancelled
 from app.figures.axes import legend_below
 from app.figures.fit import SMALL, capacity_break
 from app.figures.palette import BACKGROUND, BUDGET_COLOR, METHOD_COLORS
-from core.errors import fmt_bytes
-from core.fit import BatchProblems
-from core.footprint import optimizer_bytes
+from core import BatchProblems, fmt_bytes, optimizer_bytes
 
 BATCHES = (1, 2, 4, 8, 16)  # each one a trace and a solve: seconds on the tiny models
 GIB = 1 << 30
@@ -35,19 +34,19 @@ def batch_rows(
     method: str,
     fraction: float,
     batches=BATCHES,
-    lock: AbstractContextManager | None = None,
+    lock: Callable[[], AbstractContextManager] | None = None,
 ) -> tuple[list[BatchRow], list[tuple[int, str]]]:
     """Each batch size's footprint, eager and `method` at `fraction` of that batch's
     store-all peak (the budget slider's meaning), and the batch sizes whose step does not
     trace, with why (batch-norm in training needs two samples: a batch of 1 is refused).
     `probe` keeps each batch's trace, so another budget only solves again; each trace is
-    taken under `lock` (tracing patches process-wide state). Raises the first refusal when
+    taken under a fresh `lock()` (tracing patches process-wide state). Raises the first refusal when
     no batch size traces."""
     rows, refused = [], []
     for b in batches:
         check_cancelled()
         try:
-            with lock or nullcontext():
+            with lock() if lock else nullcontext():
                 problem = probe.problem(b)
         except core.UnsupportedModel as e:
             refused.append((b, str(e).split(": check that")[0]))

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 FIT_DEVICE = "h100"  # `remat fit`'s op times when no --device is given (said in its output)
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         args, rest = parser.parse_known_args(argv)
     except SystemExit as done:  # --help (0) or a usage error, already printed (2)
         return done.code if isinstance(done.code, int) else 2
-    if rest and args.command != "bench":
+    if rest and not getattr(args, "passes_rest", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         _check_args(args)  # before any import of the engine or analysis
@@ -46,20 +47,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _user_error(e: BaseException) -> bool:
     """An error in words for the user (the engine's `RematError`s, a missing extra, a bad
-    value, a file): one line, no traceback. The engine's and bench's classes are looked up
-    only where those modules were imported, so a command that never needed them pays nothing."""
+    value, a file): one line, no traceback. The engine's class is looked up only where it was
+    imported, so a command that never needed it pays nothing."""
     kinds: list[type] = [ValueError, OSError]
-    errors, bench = sys.modules.get("core.errors"), sys.modules.get("bench")
+    errors = sys.modules.get("core.errors")
     if errors is not None:
         kinds.append(errors.RematError)
-    if bench is not None:
-        kinds.append(bench.MissingExtra)
     return isinstance(e, tuple(kinds))
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes in words (`core.errors.fmt_bytes`, imported when first needed)."""
-    from core.errors import fmt_bytes as words
+    """Bytes in words (`core.fmt_bytes`, imported when first needed)."""
+    from core import fmt_bytes as words
 
     return words(n)
 
@@ -159,36 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true", help="also print the solver's notes")
     s.set_defaults(run=_show)
 
-    s = sub.add_parser("bench", help="benchmarks (see `remat bench --help`)", add_help=False)
-    s.add_argument(
-        "--runtime",
-        action="store_true",
-        help="runtime overhead of store_all vs eager, op-cost calibration",
-    )
-    s.add_argument(
-        "--solvers",
-        action="store_true",
-        help="solver quality and speed: sample models, then the Hugging Face zoo",
-    )
-    s.add_argument(
-        "--zoo",
-        action="store_true",
-        help="only the Hugging Face zoo of --solvers (needs the bench extra's transformers)",
-    )
-    s.add_argument("--app", action="store_true", help="app slider latency in a browser")
-    s.add_argument(
-        "--validate",
-        action="store_true",
-        help="predicted against measured peaks, gradients and times of our plans "
-        "(`remat bench --device cuda --validate`; `--device cpu`: the dry run)",
-    )
-    s.add_argument(
-        "--tables",
-        action="store_true",
-        help="published GPU memory tables predicted from their configurations "
-        "(`--out docs/gpu-tables.md` writes the document)",
-    )
-    s.set_defaults(run=_bench)
+    for name, command in _plugins().items():  # `remat bench`, registered by bench/
+        s = sub.add_parser(name, help=command.HELP, add_help=False)
+        command.add_arguments(s)
+        s.set_defaults(run=command.run, passes_rest=True)
 
     s = sub.add_parser("link", help="measure the host link offloading plans copy over")
     s.add_argument("--device", default=None, help="torch device (default: cuda if present)")
@@ -280,12 +253,11 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
             raise ValueError("--devices needs --memory, each device's memory (e.g. 80GiB)")
         return _parallel(args, rest)
     if args.method in ("hf", "torchtitan", "torchtune", "autosac"):  # what it costs today
-        from core.solvers import parse_budget
-        from core.strategies import by_method, describe
+        from core import parse_budget, strategies
 
         model, problem, _ = _analyze(args)  # the strategy runs on the model: keep it
         budget = args.budget and parse_budget(args.budget, problem.store_all_peak)
-        print(describe(by_method(problem, args.method, budget)))
+        print(strategies.describe(strategies.by_method(problem, args.method, budget)))
         return 0
     if args.budget is None:
         raise ValueError("remat plan needs --budget (e.g. 50%, 2GiB), or --devices N --memory M")
@@ -390,7 +362,7 @@ def _fit_parser(sub: Any, model_args: Callable[[argparse.ArgumentParser], None])
 
 def _fit(args: argparse.Namespace, rest: list[str]) -> int:
     from app.models import load_model
-    from core.fit import Fitter
+    from core import Fitter
 
     device = args.device or FIT_DEVICE
     fitter = Fitter(
@@ -432,7 +404,7 @@ def _fit(args: argparse.Namespace, rest: list[str]) -> int:
 def _link(args: argparse.Namespace, rest: list[str]) -> int:
     import torch
 
-    from core.costs import LINK_BYTES, measure_link
+    from core import LINK_BYTES, measure_link
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     link = measure_link(device)
@@ -470,50 +442,11 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    if "-h" in rest or "--help" in rest:
-        print(
-            "remat bench --runtime | --solvers | --zoo | --app | --validate | --tables: runtime "
-            "overhead and op-cost calibration, solver quality and speed (--zoo: on the Hugging "
-            "Face zoo only), app latency, predictions against a GPU's measurements "
-            "(--device cuda --validate), published GPU tables.\nWithout those, the "
-            "side-by-side benchmark:\n"
-        )
-    if args.validate:
-        from bench.validate import main as validate_main
-
-        return validate_main(rest)
-    if args.tables:
-        from bench.gpu_tables import main as tables_main
-
-        return tables_main(rest)
-    if args.runtime:
-        from bench.runtime import main as runtime_main
-
-        return runtime_main(rest)
-    if args.zoo:
-        from bench.solvers import bench_zoo
-
-        print(bench_zoo())
-        return 0
-    if args.solvers:
-        from bench import MissingExtra
-        from bench.solvers import bench_solvers, bench_zoo
-
-        print(bench_solvers(), flush=True)
-        try:
-            print(bench_zoo())
-        except MissingExtra as e:  # the sample models' part stands on the base install
-            print(f"zoo left out: {e}")
-        return 0
-    if args.app:
-        from bench.app import bench_app
-
-        print(bench_app())
-        return 0
-    from bench.compare import main as bench_main
-
-    return bench_main(rest)
+def _plugins() -> dict[str, Any]:
+    """Commands other packages add to `remat` (entry points in the group "remat.commands":
+    bench/ adds `remat bench`), so the app's command line imports none of them: each is a
+    module with HELP, add_arguments(parser) and run(args, rest) -> exit status."""
+    return {ep.name: ep.load() for ep in entry_points(group="remat.commands")}
 
 
 def _app(args: argparse.Namespace, rest: list[str]) -> int:

@@ -14,10 +14,8 @@ from typing import Any
 
 from app.readback import Band, fate_of_ops, peak_step
 from app.reasons import comparison
-from core.costs import DEVICES as DEVICE_SPECS
-from core.errors import fmt_bytes
-from core.naming import op_name
-from core.simulator import OFFLOAD, PREFETCH, RUN
+from core import DEVICES as DEVICE_SPECS
+from core import OFFLOAD, PREFETCH, RUN, fmt_bytes, op_name
 
 FATE_TEXT = {
     "kept": "kept from the forward to the backward",

@@ -17,7 +17,7 @@ from app.panels import compare_card, lesson_card
 from app.parallel_card import parallel_card
 from app.state import DEVICES, METHOD_LABELS, STEP_LABELS, STEP_OPTIONS
 from app.words import GLOSSARY
-from core.footprint import OPTIMIZER
+from core import OPTIMIZER
 
 TICK_MS = 250  # play's tick; SPEEDS are steps per tick
 SPEEDS = (1, 5, 25, 100)

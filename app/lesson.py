@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from app.readback import percent, slider_minimum
 from app.reasons import peak_reason
 from app.state import METHOD_LABELS, Studio
-from core.errors import InfeasibleBudget, fmt_bytes
+from core import InfeasibleBudget, fmt_bytes
 
 MODEL = "gpt-tiny"  # a model whose curve has a shape: its blocks trade well
 KEY_PARTS = ("estimated", "cpu")

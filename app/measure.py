@@ -1,7 +1,7 @@
 """ "Measure here": run the plan's real training step on this machine under the storage tracker
 and read the live bytes back per program step, to draw over the predicted timeline.
 
-The series comes from the real run: `core.memory.StorageTracker` counts every storage the
+The series comes from the real run: `core.StorageTracker` counts every storage the
 step allocates while it lives, and each ATen call it sees is matched, in order, to the program
 step whose op it runs (calls the program does not list, such as autograd's seed of
 `loss.backward()`, stay with the step they fall in). The peak is the tracker's own.
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import core
-from core import ModelCall
-from core.memory import StorageTracker, step_tensors
+from core import ModelCall, StorageTracker, step_tensors
 
 LOOKAHEAD = 16  # ATen calls searched for a program op's node before it counts as skipped
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.simulator import OFFLOAD, PREFETCH
+from core import OFFLOAD, PREFETCH
 
 
 def op_fates(problem: Any, plan: Any) -> dict[str, list[int]]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.readback import fate_of_ops, peak_step
-from core.errors import fmt_bytes
-from core.naming import op_name
+from core import fmt_bytes, op_name
 
 PER = 100 << 10  # prices are per 100 KiB
 

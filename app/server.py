@@ -18,7 +18,12 @@ from app.cache import ThreadedDiskcacheManager
 from app.layout import build_layout
 from app.models import resolve_builder
 from app.state import DEFAULT_MODEL, DEFAULT_OFFLOAD, Studio
-from core.errors import ServeError
+from core import RematError
+
+
+class ServeError(RematError):
+    """The app cannot be served as asked: a port out of range or already in use."""
+
 
 log = logging.getLogger(__name__)
 

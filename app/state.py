@@ -8,7 +8,8 @@ results (see `app.cache`). Reading a plan back is `app.readback` (numbers) and `
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -20,10 +21,7 @@ from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.explain import tensor_rows
 from app.models import as_call, resolve_builder
 from app.readback import live_bands
-from core import ModelCall
-from core.footprint import device_memory
-from core.frontier import minimum_budget
-from core.solvers import available_methods
+from core import ModelCall, available_methods, device_memory, minimum_budget
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")
@@ -61,9 +59,53 @@ OFFLOAD_POINTS = 8  # budgets of the remat+offload curve (an offload solve each:
 _ANALYZE = threading.Lock()
 
 
+# Analyses the page waits on (a model switch) go before the background charts' traces (memory
+# against batch: five traces of the model on screen, a minute on gpt2-small here): those
+# take the lock only while no analysis is waiting for it.
+_WAITING = threading.Condition()
+_waiting = 0
+
+
 def studio_lock() -> threading.Lock:
     """The lock analyses and measured runs take: one at a time in this process."""
     return _ANALYZE
+
+
+def analyses_waiting() -> int:
+    """How many analyses wait for `studio_lock()` now."""
+    return _waiting
+
+
+@contextmanager
+def first_in_line() -> Iterator[None]:
+    """`studio_lock()` for an analysis the page waits on: background traces let it go first."""
+    global _waiting
+    with _WAITING:
+        _waiting += 1
+        _WAITING.notify_all()
+    try:
+        with _ANALYZE:
+            yield
+    finally:
+        with _WAITING:
+            _waiting -= 1
+            _WAITING.notify_all()
+
+
+@contextmanager
+def after_the_page() -> Iterator[None]:
+    """`studio_lock()` for a background chart's trace: taken only while no analysis waits."""
+    while True:
+        with _WAITING:
+            _WAITING.wait_for(lambda: _waiting == 0)
+        _ANALYZE.acquire()
+        if _waiting == 0:
+            break
+        _ANALYZE.release()  # an analysis came in between: it goes first
+    try:
+        yield
+    finally:
+        _ANALYZE.release()
 
 
 @dataclass(frozen=True)
@@ -133,7 +175,7 @@ class Studio:
                 check_cancelled()
                 report(stage, 0.1 + 0.9 * frac)
 
-            with _ANALYZE:
+            with first_in_line():
                 check_cancelled()
                 return call.analyze(
                     costs=costs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dash import html
 
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 COST_WORDS = {
     "cpu": "a CPU",

@@ -7,7 +7,7 @@ running statistics included) is reset before each step and gradients start from 
    first call, which is also the gradient check);
 2. gradient check: one step per strategy, gradients against eager's (max abs error, and
    `torch.testing.assert_close` for the DIFFERS flag);
-3. peak: one untimed step per strategy under `core.memory.StorageTracker` (inductor's generated
+3. peak: one untimed step per strategy under `core.StorageTracker` (inductor's generated
    code allocates past the dispatcher, so its peak comes from the allocator's profile instead);
 4. time: `reps` rounds; in each, every strategy runs right after an eager step, and its
    ratio is taken against that step (this VM's speed drifts by 10-20% within minutes: a
@@ -45,8 +45,7 @@ from bench.strategies import OUR_BUDGETS, Strategy, our_strategies, pytorch_stra
 from bench.strategies import _checkpointed as _checkpointed
 from bench.strategies import _patched_forward as _patched_forward
 from bench.strategies import find_blocks as find_blocks
-from core.costs import measure_link
-from core.problem import Problem
+from core import Problem, measure_link
 
 QUICK_MODELS = ["gpt-tiny", "resnet-tiny"]
 # Every sample model but gpt2-small: its step takes ~70 s on a CPU core, and pairing every

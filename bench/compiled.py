@@ -30,8 +30,7 @@ import core
 import sample_models
 from bench.measure import Runner, bench_settings, bit_equal, grad_error
 from bench.strategies import StepFn, _compile_backend, _eager_step, shared_copy
-from core.errors import fmt_bytes
-from core.frontier import minimum_budget
+from core import fmt_bytes, minimum_budget
 
 DEFAULT_MODELS = ("gpt-tiny", "gpt-small-6l")
 METHOD = "rockmate"

@@ -35,9 +35,7 @@ from torch import nn
 import core
 from bench.measure import Runner, bench_settings, bit_equal, grad_error
 from bench.strategies import _compile_backend, shared_copy
-from core import strategies
-from core.errors import InfeasibleBudget
-from core.runtime.native import native_handle
+from core import InfeasibleBudget, native_handle, strategies
 
 MODELS = ("gpt-tiny", "hf-gpt2", "hf-llama", "diffusers-unet")
 AUTOSAC_BUDGETS = (0.5, 0.3)  # fractions of the store-all peak, as the issue asks

@@ -39,13 +39,16 @@ import torch
 from torch import nn
 
 import core
-from core.errors import fmt_bytes
-from core.plan import Plan
-from core.problem import Problem
-from core.schedule import plan_from_runs, store_all_plan
-from core.simulator import graph_dag
-from core.solvers.keep_sets import Recompute
-from core.trace.autocast import Autocast
+from core import (
+    Autocast,
+    Plan,
+    Problem,
+    Recompute,
+    fmt_bytes,
+    graph_dag,
+    plan_from_runs,
+    store_all_plan,
+)
 from sample_models.zoo import ZooCase
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -266,10 +269,12 @@ def llama31_8b(batch: int = 2, seq: int = 8192) -> Callable[[], ZooCase]:
     return build
 
 
-def bert_large(batch: int, seq: int = 512) -> Callable[[], ZooCase]:
+def bert_large(batch: int, seq: int = 512, device: str = "meta") -> Callable[[], ZooCase]:
     """`bert-large-uncased` for sequence classification (2 labels), fp32: 24 layers, hidden
     1024, 16 heads, FFN 4096, vocabulary 30,522; the attention as transformers 4.21 wrote it
-    (eager: matmul, softmax, dropout, matmul); the loss computed by the model from `labels`."""
+    (eager: matmul, softmax, dropout, matmul); the loss computed by the model from `labels`.
+    `device`: "meta", or "cpu" for a step under CUDA autocast (analyze refuses a meta model
+    there: docs/gpu.md)."""
 
     def build() -> ZooCase:
         from transformers import BertConfig, BertForSequenceClassification
@@ -286,7 +291,7 @@ def bert_large(batch: int, seq: int = 512) -> Callable[[], ZooCase]:
                 attn_implementation="eager",
             )
         )
-        with torch.device("meta"):
+        with torch.device(device):
             model = BertForSequenceClassification(cfg)
             ids = torch.zeros(batch, seq, dtype=torch.long)
             labels = torch.zeros(batch, dtype=torch.long)
@@ -362,6 +367,7 @@ _BERT_WHY = (
 _GPT_UNFUSED, _GPT_FUSED = megatron_gpt("eager"), megatron_gpt("sdpa")
 _LLAMA_8B = llama31_8b()
 _BERT_1, _BERT_4 = bert_large(1), bert_large(4)
+_BERT_1_CPU, _BERT_4_CPU = bert_large(1, device="cpu"), bert_large(4, device="cpu")
 
 ROWS: tuple[Row, ...] = (
     Row(
@@ -501,7 +507,7 @@ ROWS: tuple[Row, ...] = (
         "nvml",
         13939 * MIB,
         "v100",
-        _BERT_4,
+        _BERT_4_CPU,
         "store_all",
         TRAINER_STATE,
         fixed=HF_CONTEXT,
@@ -517,7 +523,7 @@ ROWS: tuple[Row, ...] = (
         "nvml",
         7275 * MIB,
         "v100",
-        _BERT_1,
+        _BERT_1_CPU,
         "checkpoint_blocks",
         TRAINER_STATE,
         fixed=HF_CONTEXT,

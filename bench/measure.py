@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bench.strategies import StepFn
-from core.memory import StorageTracker, step_tensors
+from core import StorageTracker, step_tensors
 
 
 class _CompileTracker(StorageTracker):

@@ -18,7 +18,7 @@ import torch
 
 import sample_models
 from bench import MissingExtra
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 
 @dataclass
@@ -178,7 +178,7 @@ def write_markdown(rows: Sequence[Row], path: Path, reps: int | None = None) -> 
         )
     ]
     lines.append(
-        "\nPeak: bytes beyond parameters and inputs, from `core.memory.StorageTracker` around "
+        "\nPeak: bytes beyond parameters and inputs, from `core.StorageTracker` around "
         "the real step; `*`: from the allocator profile (inductor), against eager under the "
         "same profile. DIFFERS: gradients fail `torch.testing.assert_close` against eager. "
         "Host memory is not in the peak: `torch save_on_cpu` and `ours offload` park tensors "

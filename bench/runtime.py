@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 import core
-from core import costs
-from core.graph import build_graph
-from core.trace import capture
+from core import build_graph, capture
+from core.costs import measure_times
 from sample_models import build
 
 DEFAULT_MODELS = [
@@ -75,7 +74,7 @@ def cost_calibration(name: str, rounds: int = 5, steps: int = 15) -> float:
     ratios = []
     for _ in range(rounds):
         eager = eager_step_cpu_seconds(model, inputs, steps)
-        ratios.append(sum(costs.measure_times(graph)) / eager)
+        ratios.append(sum(measure_times(graph)) / eager)
     return statistics.median(ratios)
 
 

@@ -15,11 +15,7 @@ import torch
 
 import core
 from bench import MissingExtra
-from core.errors import InfeasibleBudget
-from core.frontier import minimum_budget
-from core.memory import StorageTracker, step_tensors
-from core.plan import Plan
-from core.problem import Problem
+from core import InfeasibleBudget, Plan, Problem, StorageTracker, minimum_budget, step_tensors
 from core.solvers import checkmate, options, solve
 from sample_models import REGISTRY, build
 

@@ -16,12 +16,15 @@ import torch
 from torch import nn
 
 import core
-from core.errors import InvalidPlan, fmt_bytes
-from core.frontier import minimum_budget
-from core.memory import host_copy
-from core.plan import Plan
-from core.runtime.native import native_handle
-from core.solvers import available_methods
+from core import (
+    InvalidPlan,
+    Plan,
+    available_methods,
+    fmt_bytes,
+    host_copy,
+    minimum_budget,
+    native_handle,
+)
 
 # fractions of problem.store_all_peak, plus the minimum feasible; 25% is the goal's point
 OUR_BUDGETS = (0.7, 0.5, 0.3, 0.25)

@@ -7,7 +7,7 @@ from the same state as eager's and prints one table:
 
 - predicted peak (the plan's, or the native simulation's) against the measured one: on CUDA
   `torch.cuda.max_memory_allocated()` minus the allocation the step started from; on CPU the
-  storage tracker (`core.memory.StorageTracker`), where measured = predicted + 4 B (the seed
+  storage tracker (`core.StorageTracker`), where measured = predicted + 4 B (the seed
   of `loss.backward()`);
 - the allocator's bound: the plan's program walked with every storage rounded up as the CUDA
   caching allocator rounds it (512 B, `core.allocator`), below which `max_memory_allocated`
@@ -35,13 +35,18 @@ import torch
 from torch import nn
 
 import core
-from core.allocator import CUDA_CACHING
-from core.memory import StorageTracker, step_tensors
-from core.plan import Plan
-from core.problem import Problem
-from core.runtime.native import NativeHandle, NativeStep, native_handle
-from core.simulator import walk
-from core.simulator.timeline import step_values
+from core import (
+    CUDA_CACHING,
+    NativeHandle,
+    NativeStep,
+    Plan,
+    Problem,
+    StorageTracker,
+    native_handle,
+    step_tensors,
+    step_values,
+    walk,
+)
 from sample_models.zoo import ZooCase
 
 SEED_BYTES = 4  # loss.backward()'s seed gradient, allocated outside the plan

@@ -1,7 +1,14 @@
-"""Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run."""
+"""Remat Studio's engine: trace -> costs -> blocks -> solve -> plan -> simulate / run.
 
+Everything the app, the benchmarks and users import is named here (docs/api.md); the
+modules behind these names are internal and may move.
+"""
+
+from core import strategies
+from core.allocator import CUDA_CACHING, Allocator
 from core.bind import BoundPlan, bind
-from core.costs import DEVICES
+from core.blocks import Block
+from core.costs import DEVICES, LINK_BYTES, measure_link
 from core.errors import (
     BudgetError,
     InfeasibleBudget,
@@ -10,56 +17,124 @@ from core.errors import (
     PlanMismatch,
     RematError,
     UnsupportedModel,
+    fmt_bytes,
 )
-from core.fit import Fitter
-from core.frontier import tradeoff
+from core.fit import BatchProblems, Fitter
+from core.footprint import OPTIMIZER, Footprint, device_memory, footprint, optimizer_bytes
+from core.frontier import minimum_budget, tradeoff
+from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
 from core.layout import Arena, arena
 from core.lowering import lower
+from core.memory import StorageTracker, host_copy, step_tensors
 from core.model_call import ModelCall
+from core.naming import OpName, block_title, op_name
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, SavedPlan, load_plan
 from core.problem import Problem, analyze
 from core.reorder import reorder
 from core.runtime import apply_plan
+from core.runtime.native import NativeHandle, NativeStep, native_handle
+from core.schedule import plan_from_runs, store_all_plan
 from core.shapes import ShapeInfeasible, ShapeSpecError
-from core.solvers import parse_budget, solve
+from core.simulator import (
+    FREE,
+    OFFLOAD,
+    PREFETCH,
+    RUN,
+    Simulation,
+    Step,
+    Transfer,
+    graph_dag,
+    walk,
+)
+from core.simulator.timeline import step_values
+from core.solvers import available_methods, parse_budget, solve
+from core.solvers.keep_sets import Recompute
+from core.trace import Autocast, capture
 from core.trace.loss_head import LossHead, chunked_head
 
 __all__ = [
+    # planning
     "DEVICES",
-    "Arena",
-    "BoundPlan",
-    "CostRecord",
-    "GraphMeta",
-    "SavedPlan",
+    "Autocast",
+    "ModelCall",
+    "Problem",
+    "analyze",
+    "available_methods",
+    "parse_budget",
+    "solve",
+    "tradeoff",
+    "minimum_budget",
+    "reorder",
+    "lower",
+    "LossHead",
+    "chunked_head",
     "Fitter",
+    "BatchProblems",
+    "ParallelPlan",
+    "parallel_plan",
+    "parallelize",
+    "strategies",
+    # plans, their files and their binding to a model
+    "Plan",
+    "SavedPlan",
+    "GraphMeta",
+    "CostRecord",
+    "load_plan",
+    "bind",
+    "BoundPlan",
+    "apply_plan",
+    "plan_from_runs",
+    "store_all_plan",
+    # reading a plan: its graph, program, timeline and names (the app's views)
+    "Graph",
+    "Block",
+    "Recompute",
+    "RUN",
+    "FREE",
+    "OFFLOAD",
+    "PREFETCH",
+    "Simulation",
+    "Step",
+    "Transfer",
+    "walk",
+    "graph_dag",
+    "step_values",
+    "OpName",
+    "op_name",
+    "block_title",
+    "Arena",
+    "arena",
+    # memory on a device: footprints, allocators, host links
+    "Footprint",
+    "footprint",
+    "device_memory",
+    "optimizer_bytes",
+    "OPTIMIZER",
+    "Allocator",
+    "CUDA_CACHING",
+    "LINK_BYTES",
+    "measure_link",
+    # measuring a real step
+    "StorageTracker",
+    "step_tensors",
+    "host_copy",
+    "native_handle",
+    "NativeHandle",
+    "NativeStep",
+    "capture",
+    "build_graph",
+    "fmt_bytes",
+    # errors
+    "RematError",
     "BudgetError",
     "InfeasibleBudget",
     "InvalidPlan",
-    "LossHead",
-    "ModelCall",
-    "Plan",
     "PlanFileError",
-    "ParallelError",
-    "ParallelPlan",
     "PlanMismatch",
-    "Problem",
-    "RematError",
+    "ParallelError",
     "ShapeInfeasible",
     "ShapeSpecError",
     "UnsupportedModel",
-    "analyze",
-    "apply_plan",
-    "arena",
-    "bind",
-    "chunked_head",
-    "load_plan",
-    "lower",
-    "parallel_plan",
-    "parallelize",
-    "parse_budget",
-    "reorder",
-    "solve",
-    "tradeoff",
 ]

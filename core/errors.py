@@ -43,10 +43,6 @@ class PlanFileError(RematError):
     """A plan file is truncated, foreign, of a newer format, or unsafe."""
 
 
-class ServeError(RematError):
-    """The app cannot be served as asked: a port out of range or already in use."""
-
-
 class InvalidPlan(RematError, ValueError):
     """A program that cannot run: an input not live, a double free, a misplaced backward op."""
 

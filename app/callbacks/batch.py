@@ -17,9 +17,8 @@ from app.cache import Cancelled
 from app.callbacks.common import plain_error, stamp
 from app.callbacks.fit import device_words
 from app.figures.axes import empty_figure
-from app.state import METHOD_LABELS, Studio, studio_lock
-from core.fit import BatchProblems
-from core.footprint import device_memory
+from app.state import METHOD_LABELS, Studio, after_the_page
+from core import BatchProblems, device_memory
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
     )
 
     def make():
-        return batch_rows(probe, method, fraction, lock=studio_lock())
+        return batch_rows(probe, method, fraction, lock=after_the_page)
 
     rows, refused = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
     label = f"{METHOD_LABELS.get(method, method)} at {100 * fraction:.0f}%"

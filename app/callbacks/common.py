@@ -12,8 +12,7 @@ import core
 from app import figures
 from app.figures.axes import empty_figure
 from app.state import STEP_OPTIONS, Studio
-from core.errors import fmt_bytes
-from core.naming import block_title, op_name
+from core import block_title, fmt_bytes, op_name
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +25,7 @@ def plain_error(err: BaseException) -> str:
         return f"This model cannot be traced: {err}"
     if isinstance(err, core.InfeasibleBudget):
         return f"Impossible budget: {err}"
-    if isinstance(err, core.errors.RematError):
+    if isinstance(err, core.RematError):
         return str(err)
     return f"Something went wrong ({type(err).__name__}): {err}"
 
@@ -56,7 +55,7 @@ def shown(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:
 
 
 def fmt(n: float) -> str:
-    """Bytes in words (`core.errors.fmt_bytes`)."""
+    """Bytes in words (`core.fmt_bytes`)."""
     return fmt_bytes(n)
 
 

@@ -12,8 +12,7 @@ from app import figures, ids
 from app.callbacks.common import blank, plain_error, plan_of, stamp
 from app.readback import fate_of_ops
 from app.state import METHOD_LABELS, Studio
-from core.errors import fmt_bytes
-from core.naming import op_name
+from core import fmt_bytes, op_name
 
 LISTED = 6  # ops named per difference
 

@@ -10,7 +10,7 @@ from app.callbacks.memory import plan_view
 from app.figures.fit import fit_figure
 from app.state import Studio
 from app.words import COST_WORDS
-from core.footprint import footprint
+from core import footprint
 
 
 def register(app: Dash, studio: Studio) -> None:

@@ -12,8 +12,7 @@ from app.callbacks.common import block_graph, plan_of, shown
 from app.explain import FATE_TEXT, step_view
 from app.readback import block_fates, fate_of_ops, op_fates
 from app.state import Studio
-from core.errors import fmt_bytes
-from core.naming import op_name
+from core import fmt_bytes, op_name
 
 
 def register(app: Dash, studio: Studio) -> None:

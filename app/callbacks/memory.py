@@ -16,8 +16,7 @@ from app.explain import link_text
 from app.readback import alive_at, fate_at, peak_step
 from app.reasons import peak_reason
 from app.state import Studio
-from core.errors import fmt_bytes
-from core.layout import arena
+from core import arena, fmt_bytes
 
 PEAK_ROWS = 10  # storages listed at the peak
 
@@ -83,7 +82,7 @@ def register(app: Dash, studio: Studio) -> None:
         prevent_initial_call=True,
     )
     def draw_arena(plan_ref):
-        """The address-by-time view of the plan on screen (`core.layout.arena`)."""
+        """The address-by-time view of the plan on screen (`core.arena`)."""
         return plan_view(
             studio,
             plan_ref,

@@ -18,7 +18,7 @@ from app.callbacks.common import plain_error
 from app.figures.axes import empty_figure
 from app.figures.parallel import parallel_figure
 from app.state import PARALLEL_MAX_OPS, Studio
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Will it fit: the training footprint (`core.footprint.Footprint`) of plain PyTorch and of the
+"""Will it fit: the training footprint (`core.Footprint`) of plain PyTorch and of the
 plan on screen, stacked against the device's memory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from app.figures.axes import legend_below
 from app.figures.palette import BACKGROUND, BUDGET_COLOR, KIND_COLORS
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 FIXED_COLORS = {
     "parameters and buffers": "#5b5b5b",

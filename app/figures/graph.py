@@ -104,9 +104,9 @@ def graph_elements(
     one block to another. A block in `expanded` opens into a compound box holding its
     forward ops in columns, with an edge for each forward value an op reads.
 
-    `blocks` are `core.blocks.Block`-like (index, name, kind, forward_ops), `ops` and `values`
+    `blocks` are `core.Block`-like (index, name, kind, forward_ops), `ops` and `values`
     the graph's `Op`/`Value` records; every id starts with `prefix` (see `graph_prefix`), and
-    the data carry the block and op indices. `names` (per op, `core.naming.OpName`) label
+    the data carry the block and op indices. `names` (per op, `core.OpName`) label
     the ops by what they make ("layer-norm output"), `titles` (per block) the boxes by module.
     """
     elements: list[dict] = []

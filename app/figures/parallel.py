@@ -7,7 +7,7 @@ from typing import Any
 
 from app.figures.axes import legend_below, ms, pick_unit
 from app.figures.palette import BACKGROUND, EDGE
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 # Memory.rows() kinds, in stacking order, and their colours
 PARALLEL_COLORS = {

@@ -34,7 +34,7 @@ from app.figures.palette import (
     TRANSFER_COLORS,
     UPDATE_COLOR,
 )
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 # trace order in the timeline figure: callbacks patch traces by these indices (the host
 # bytes of an offloading plan come after them)
@@ -54,7 +54,7 @@ def timeline_figure(
 ) -> dict:
     """Live bytes per program step stacked by kind, phases shaded, recomputes, budget, peak.
 
-    `steps` are `core.schedule.Step`-like records (index, kind, name, label, phase, block,
+    `steps` are `core.Step`-like records (index, kind, name, label, phase, block,
     recompute, activations, temporaries, gradients). Offload and prefetch steps are marked;
     `host`: bytes parked in host memory after each step (an offloading plan's), drawn as a
     line of its own, not in the stack. `updates`: the steps that run an optimizer's update

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.figures.axes import ms
 from app.figures.palette import BACKGROUND, EDGE, TRANSFER_COLORS
-from core.errors import fmt_bytes
+from core import fmt_bytes
 
 ROWS = {"offload": "offload (device→host)", "prefetch": "prefetch (host→device)"}
 
@@ -20,7 +20,7 @@ def transfer_figure(
     sizes: Sequence[int],
     link: str,
 ) -> dict:
-    """The transfer lane on a time axis: each copy (`core.simulator.Transfer`: kind, value,
+    """The transfer lane on a time axis: each copy (`core.Transfer`: kind, value,
     step, start, end in seconds) a bar on its row, offloads and prefetches, and each stall
     of the compute lane, (run step, ready, started) from the simulation's `waits`, a red bar
     on a row of its own. `link` names the host link, in the title."""
