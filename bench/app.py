@@ -127,6 +127,16 @@ def wait_idle(page, timeout_ms: float = 300_000) -> None:
     )
 
 
+def painted(page, frames: int = 2) -> None:
+    """Until the browser has painted `frames` more animation frames (what is in the DOM now
+    is on screen)."""
+    page.evaluate(
+        "(n) => new Promise(r => { const f = () => (--n <= 0 ? r() : requestAnimationFrame(f));"
+        " requestAnimationFrame(f); })",
+        frames,
+    )
+
+
 def slider_value(page) -> float:
     return float(page.locator("#budget [role=slider]").get_attribute("aria-valuenow"))
 

@@ -38,7 +38,39 @@ TICK_JS = """function (n, step, speed, plan) {
 }""".replace("PLAY", PLAY)
 
 
+# Next, back and reset run in the page too: three quick clicks on the server each read the
+# step before the others' answers landed, so "step 4" was never reached under load (issue 36's
+# flake of test_step_through_moves_the_highlight).
+STEP_JS = (
+    """function (next, back, reset, step, plan) {
+  const dc = window.dash_clientside, nu = dc.no_update;
+  if (!plan || !plan.steps) { return [nu, nu, nu]; }
+  const fired = dc.callback_context.triggered.map(t => t.prop_id.split(".")[0]);
+  const last = plan.steps - 1;
+  if (fired.includes("RESET")) { return [0, true, "PLAY"]; }
+  if (fired.includes("BACK")) { return [Math.max(0, (step || 0) - 1), nu, nu]; }
+  const next_ = (step === null || step === undefined) ? 0 : step + 1;
+  if (next_ >= last) { return [last, true, "PLAY"]; }
+  return [next_, nu, nu];
+}""".replace("RESET", ids.STEP_RESET)
+    .replace("BACK", ids.STEP_BACK)
+    .replace("PLAY", PLAY)
+)
+
+
 def register(app: Dash, studio: Studio) -> None:
+    app.clientside_callback(
+        STEP_JS,
+        Output(ids.STEP, "data", allow_duplicate=True),
+        Output(ids.TICKER, "disabled", allow_duplicate=True),
+        Output(ids.PLAY, "children", allow_duplicate=True),
+        Input(ids.STEP_NEXT, "n_clicks"),
+        Input(ids.STEP_BACK, "n_clicks"),
+        Input(ids.STEP_RESET, "n_clicks"),
+        State(ids.STEP, "data"),
+        State(ids.PLAN, "data"),
+        prevent_initial_call=True,
+    )
     app.clientside_callback(
         TICK_JS,
         Output(ids.STEP, "data", allow_duplicate=True),
@@ -71,9 +103,6 @@ def register(app: Dash, studio: Studio) -> None:
             "play": Output(ids.PLAY, "children"),
         },
         inputs=[
-            Input(ids.STEP_NEXT, "n_clicks"),
-            Input(ids.STEP_BACK, "n_clicks"),
-            Input(ids.STEP_RESET, "n_clicks"),
             Input(ids.JUMP_PEAK, "n_clicks"),
             Input(ids.JUMP_RECOMPUTE, "n_clicks"),
             Input(ids.JUMP_TRANSFER, "n_clicks"),
@@ -81,28 +110,18 @@ def register(app: Dash, studio: Studio) -> None:
         state=[State(ids.STEP, "data"), State(ids.PLAN, "data")],
         prevent_initial_call=True,
     )
-    def step_through(_next, _back, _reset, _peak, _rec, _copy, step, plan_ref):
+    def step_through(_peak, _rec, _copy, step, plan_ref):
         plan, _ = shown(studio, plan_ref)
         step, paused, label = move(ctx.triggered_id, plan, step)
         return {"step": step, "paused": paused, "play": label}
 
 
 def move(trigger: Any, plan: Any, step: int | None) -> tuple:
-    """(new step, ticker disabled, play button's label) after the step button `trigger`;
-    `no_update` where one stays as it is. A jump or a reset stops play; play, pause and the
-    ticks are the page's (`PLAY_JS`, `TICK_JS`)."""
-    last = len(plan.program) - 1
-    if trigger == ids.STEP_RESET:
-        return 0, True, PLAY
+    """(new step, ticker disabled, play button's label) after the jump `trigger`: to the
+    peak, the next recompute or the next copy; a jump stops play. Play, pause, the ticks,
+    next, back and reset are the page's (`PLAY_JS`, `TICK_JS`, `STEP_JS`)."""
     if trigger == ids.JUMP_PEAK:
         return peak_step(plan.timeline), True, PLAY
-    if trigger in (ids.JUMP_RECOMPUTE, ids.JUMP_TRANSFER):
-        jump = next_recompute if trigger == ids.JUMP_RECOMPUTE else next_transfer
-        target = jump(plan.timeline, step)
-        return (no_update if target is None else target), True, PLAY
-    if trigger == ids.STEP_BACK:
-        return max(0, (step or 0) - 1), no_update, no_update
-    nxt = 0 if step is None else step + 1
-    if nxt >= last:
-        return last, True, PLAY
-    return nxt, no_update, no_update
+    jump = next_recompute if trigger == ids.JUMP_RECOMPUTE else next_transfer
+    target = jump(plan.timeline, step)
+    return (no_update if target is None else target), True, PLAY

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import serve_in_thread
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from torch import nn
 
 import core
 from app import ids
 from app.server import create_app
-from bench.app import choose, slider_value, wait_ready
+from bench.app import choose, painted, slider_value, wait_ready
 from core.errors import fmt_bytes
 
 pytestmark = pytest.mark.browser
@@ -103,7 +104,7 @@ def test_page_shows_blocks_timeline_and_numbers(ready):
     assert kinds == ["activations", "temporaries", "gradients"]
     assert all(t.get("stackgroup") == "live" for t in fig["data"][:3])
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(300)
+    painted(page)
     page.screenshot(path=str(SHOTS / "app.png"), full_page=True)
 
 
@@ -129,8 +130,19 @@ def test_slider_keyboard_re_solves_and_peak_stays_under_budget(ready):
     assert int(page.inner_text(f"#{ids.RECOMPUTED}")) > 0
 
 
+def curves_drawn(page) -> None:
+    """Until the trade-off chart, a job of its own after the first timeline, is drawn."""
+    page.wait_for_function(
+        """() => { const g = document.querySelector('#tradeoff .js-plotly-plot');
+          return !!(g && g.data && g.data.length > 0 && g.layout.meta
+            && !document.getElementById('tradeoff').hasAttribute('data-refreshing')); }""",
+        timeout=180_000,
+    )
+
+
 def test_clicking_the_tradeoff_curve_sets_the_budget(ready):
     page = ready
+    curves_drawn(page)
     points = page.locator(f"#{ids.TRADEOFF} .scatterlayer .trace:first-child .points path")
     assert points.count() >= 3
     target = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').data[0].x[2]")
@@ -149,6 +161,7 @@ def test_the_tradeoff_chart_shades_the_budgets_no_plan_meets(ready):
     """gpt-tiny's floor: the loss's softmax backward holds three 256 KiB tensors at once,
     19.0% of its store-all peak; the band ends there and its label names the op."""
     page = ready
+    curves_drawn(page)
     layout = page.evaluate("() => document.querySelector('#tradeoff .js-plotly-plot').layout")
     band = layout["shapes"][1]
     assert band["type"] == "rect" and band["x0"] == 0 and round(band["x1"], 1) == 19.0
@@ -359,9 +372,11 @@ def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(read
     box = page.locator("#tensors .nsewdrag").first.bounding_box()
     for fx in (0.3, 0.4, 0.2, 0.5):  # point at a band in the forward
         page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * 0.95)
-        page.wait_for_timeout(300)
-        if page.locator("#tensors .hoverlayer .hovertext").count():
+        try:  # a hover label, or on to the next point (a gap between bands shows none)
+            page.locator("#tensors .hoverlayer .hovertext").first.wait_for(timeout=5_000)
             break
+        except PlaywrightTimeout:
+            continue
     assert "made by" in page.locator("#tensors .hoverlayer").text_content()
     card(page, ids.TENSORS).screenshot(path=str(SHOTS / "tensors.png"))
     page.click(f"#{ids.JUMP_PEAK}")

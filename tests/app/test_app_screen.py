@@ -8,7 +8,7 @@ import pytest
 
 from app import ids
 from app.figures import T_MARKER
-from bench.app import choose, wait_ready
+from bench.app import choose, painted, wait_ready
 
 pytestmark = pytest.mark.browser
 
@@ -80,7 +80,7 @@ def test_step_text_marker_and_graph_highlight_share_the_screen_at_1400x1000(page
         "() => document.querySelector('#step-text').textContent.startsWith('step 4 ')"
     )
     page.wait_for_function(f"() => ({MARKER})() !== null && ({HIGHLIGHT})() !== null")
-    page.wait_for_timeout(300)  # the marker's repaint
+    painted(page)  # the marker's repaint
     boxes = {
         "step text": page.locator(f"#{ids.STEP_WHY}").bounding_box(),
         "marker": page.evaluate(MARKER),
