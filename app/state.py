@@ -279,7 +279,7 @@ class Studio:
             if model is None:  # the analysed model is gone: the same architecture, again
                 model = self.builders[model_name]().model
             preset = "cpu" if device == "here" else device
-            with _ANALYZE:  # traces: one at a time in this process
+            with first_in_line():  # traces: one at a time, before the background charts
                 check_cancelled()
                 return core.parallel_plan(
                     problem, devices, device_memory(preset), preset, model=model
