@@ -29,6 +29,9 @@ from core.simulator.native import in_place_ops
 # cut weights tried inside blocks: 0, then this many quantiles of the weights seen (8: the
 # native minimum of gpt-tiny 37.0% of store-all, 4: 38.6%; mixer-tiny, unet-tiny the same)
 QUANTILES = 8
+# and stretches running this many consecutive blocks (mlp-batch: one layer per stretch
+# saves nothing, a Linear-ReLU layer's input being what its ReLU saves anyway)
+GROUPS = (2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,33 @@ def covers(
         out.append(
             _cover(problem, bnd, sorted(cuts), spans, first_at, kept, recomputed, taken, op_of)
         )
+    for group in GROUPS:  # consecutive blocks as one stretch: only its first input is held
+        merged = _merged(spans, group)
+        if len(merged) < len(spans):
+            cuts = {
+                p for _, st, en in merged if st is not None and en is not None for p in (st, en)
+            }
+            out.append(
+                _cover(problem, bnd, sorted(cuts), merged, first_at, kept, recomputed, taken, op_of)
+            )
+    return out
+
+
+def _merged(
+    spans: list[tuple[int, int | None, int | None]], group: int
+) -> list[tuple[int, int | None, int | None]]:
+    """`spans` with runs of up to `group` adjacent ones (each ending where the next begins)
+    made one."""
+    out: list[tuple[int, int | None, int | None]] = []
+    size = 0
+    for b, st, en in spans:
+        last = out[-1] if out else None
+        if last is not None and last[2] is not None and last[2] == st and size < group:
+            out[-1] = (last[0], last[1], en)
+            size += 1
+        else:
+            out.append((b, st, en))
+            size = 1
     return out
 
 
