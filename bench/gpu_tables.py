@@ -369,6 +369,11 @@ _LLAMA_8B = llama31_8b()
 _BERT_1, _BERT_4 = bert_large(1), bert_large(4)
 _BERT_1_CPU, _BERT_4_CPU = bert_large(1, device="cpu"), bert_large(4, device="cpu")
 
+_BERT_FP16_WHY = (
+    "; at batch 4 under fp16 the row is 7 points further under than under fp32, which we "
+    "do not explain"
+)
+
 ROWS: tuple[Row, ...] = (
     Row(
         "Megatron-LM functional tests, A100",
@@ -514,7 +519,7 @@ ROWS: tuple[Row, ...] = (
         fixed_what="CUDA context",
         autocast=(("cuda", "float16"),),
         config="Trainer, AdamW, fp16=True (CUDA autocast, GradScaler), batch 4, seq 512",
-        reason=_BERT_WHY,
+        reason=_BERT_WHY + _BERT_FP16_WHY,
     ),
     Row(
         "Hugging Face perf_train_gpu_one, V100 16 GB",
