@@ -328,9 +328,44 @@ def run(call: _Call, kernel: str, device_type: str) -> torch.Tensor:
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, mask, call.needs_grad, call.dropout, call.causal, scale=call.scale
         )[0]
+    if device_type == "cuda" and call.dropout > 0.0:  # its dropout is CUDA's fused kernel
+        return math_attention(
+            call, mask, lambda t: torch.ops.aten.native_dropout(t, call.dropout, True)[0]
+        )
     return torch.ops.aten._scaled_dot_product_attention_math(
         q, k, v, mask, call.dropout, call.causal, scale=call.scale, enable_gqa=call.gqa
     )[0]
+
+
+def math_attention(
+    call: _Call, mask: torch.Tensor | None, dropout: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """`_scaled_dot_product_attention_math` (attention.cpp) op for op, with its dropout as
+    `dropout`: the composite's inner `at::dropout` is CUDA's fused `native_dropout` on a GPU,
+    which CPU tensors would not take."""
+    q, k, v = call.q, call.k, call.v
+    origin = q.dtype
+    keep = torch._C._get_math_sdp_allow_fp16_bf16_reduction()
+    q, k, v = (t if keep or t.dtype not in _HALF else t.to(torch.float32) for t in (q, k, v))
+    negative = call.scale is not None and call.scale < 0
+    scale = abs(call.scale) if negative and call.scale is not None else call.scale
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    mul = torch.ops.aten.mul.Scalar  # C++'s tensor * SymFloat, not Python's mul.Tensor
+    query = mul(q, 0.0 - factor if negative else factor)
+    if call.causal:
+        ones = torch.ones(query.shape[-2], k.shape[-2], dtype=torch.bool, device=query.device)
+        mask = _additive_mask(ones.tril(), query.dtype, -math.inf)
+    if call.gqa and not q.shape[-3] == k.shape[-3] == v.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+    attn = torch.matmul(query, mul(k.transpose(-2, -1), factor))
+    if mask is not None:
+        attn = attn.add(mask)  # FakeTensors are subclass-like: out of place, as torch does
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    if call.dropout > 0.0:
+        attn = dropout(attn)
+    attn.to(origin)  # the composite's second result, made (first: GCC's argument order) and dropped
+    return torch.matmul(attn, v).to(origin)
 
 
 def _additive_mask(

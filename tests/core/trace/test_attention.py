@@ -6,6 +6,7 @@ the CUDA caching allocator rounds them, CPU's exactly."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -299,3 +300,52 @@ def test_measured_costs_of_a_step_for_another_device_are_refused():
     run on CPU, so the request is refused with what to do."""
     with pytest.raises(ValueError, match="costs='measured' times the ops on the model's"):
         _analyze(_llama(dtype=torch.bfloat16), device="h100", costs="measured")
+
+
+@pytest.mark.parametrize(
+    "dtype, causal, gqa", [(torch.float32, True, False), (torch.bfloat16, False, True)]
+)
+def test_the_math_path_written_out_is_torchs_op_for_op(dtype, causal, gqa):
+    """`math_attention` (the math kernel with CUDA's dropout for a GPU step) is torch's
+    `_scaled_dot_product_attention_math`, traced op for op, when given torch's dropout."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from core.trace.attention import _additive_mask, _Call, math_attention
+
+    q = torch.randn(2, 4, 8, 16, dtype=dtype, requires_grad=True)
+    kv = torch.randn(2, 2 if gqa else 4, 8, 16, dtype=dtype, requires_grad=True)
+
+    def bool_mask() -> torch.Tensor | None:
+        return None if causal else torch.ones(8, 8, dtype=torch.bool).tril()
+
+    def ours(q, kv):
+        mask = _additive_mask(bool_mask(), q.dtype, -math.inf)
+        call = _Call(q, kv, kv, mask, 0.1, causal, None, gqa)
+        return math_attention(call, mask, lambda t: torch.dropout(t, 0.1, True))
+
+    def torchs(q, kv):
+        mask = _additive_mask(bool_mask(), q.dtype, -math.inf)
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            q, kv, kv, mask, 0.1, causal, enable_gqa=gqa
+        )[0]
+
+    def ops(fn):
+        gm = make_fx(fn, tracing_mode="fake")(q, kv)
+        return [
+            (str(n.target), str(getattr(n.meta.get("val"), "shape", "")))
+            for n in gm.graph.nodes
+            if n.op == "call_function"
+        ]
+
+    assert ops(ours) == ops(torchs)
+
+
+def test_a_gpu_math_step_drops_out_with_cudas_kernel():
+    """V100 (sm 7.0) in bf16: no flash, mem-efficient or cuDNN for bf16 there, so math; its
+    attention dropout is CUDA's native_dropout (a bool mask), not bernoulli_."""
+    problem = _analyze(_gpt2(torch.bfloat16), device="v100")
+    trace = problem.graph.trace
+    assert _labels(trace, "aten._safe_softmax") and not _labels(trace, "aten.bernoulli")
+    drops = [n for n in trace.nodes if n.label == "aten.native_dropout"]
+    assert len(drops) == 1 + 3 * LAYERS  # embeddings; attention, residual, MLP per layer
+    assert "math attention (the s x s matrix) (assumed for v100, bfloat16" in problem.attention
