@@ -32,7 +32,7 @@ def capacity_break(capacity: int, biggest: int, device_words: str, inside: bool 
         "y": 1,
         "xanchor": "right",
         "yanchor": "top" if inside else "bottom",
-        "text": f"⫽ {device_words}, {fmt_bytes(capacity)}, is off this scale: "
+        "text": f"// {device_words}, {fmt_bytes(capacity)}, is off this scale: "
         f"{capacity / biggest:,.0f}× the largest total here",
         "showarrow": False,
         "font": {"size": 11, "color": BUDGET_COLOR},

@@ -64,5 +64,5 @@ def test_a_step_under_one_percent_of_the_device_is_drawn_at_its_own_scale(analys
     assert f.total / 2**20 < right < 2 * f.total / 2**20  # the bar spans most of the axis
     assert layout["shapes"] == []  # no line at 80 GiB squeezing the bar to a hairline
     said = layout["annotations"][-1]["text"]
-    assert said.startswith("⫽ an H100's memory, 80.0 GiB, is off this scale")
+    assert said.startswith("// an H100's memory, 80.0 GiB, is off this scale")
     assert f"{CAPACITY['h100'] / f.total:,.0f}×" in said
