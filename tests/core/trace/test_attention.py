@@ -226,6 +226,7 @@ def test_a_cpu_trace_holds_what_cpu_eager_dispatches(name):
     assert attention(from_meta) == attention(trace)
 
 
+@pytest.mark.slow
 def test_gpu_storages_are_rounded_as_the_caching_allocator_does_cpu_stays_exact():
     """core.allocator: on a GPU preset every storage takes a multiple of 512 B (0 stays 0);
     on CPU the values are the trace's own bytes."""
@@ -241,6 +242,7 @@ def test_gpu_storages_are_rounded_as_the_caching_allocator_does_cpu_stays_exact(
     assert plan.predicted_peak <= 0.8 * gpu.store_all_peak
 
 
+@pytest.mark.slow
 def test_a_gpu_plan_records_its_device_and_is_refused_on_another(tmp_path):
     """A plan for an H100 carries its device model in its file and binds only on an H100:
     on a CPU model it is refused, naming both, made in this process or loaded."""
