@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from core.graph import Graph
 from core.simulator.program import FREE, RUN, Instruction, Link, step_values
 from core.simulator.walker import Walk, walk
@@ -178,6 +180,22 @@ def native_program(
     return builder.build(_Offloads(offloaded, link, copied_back))
 
 
+def autocast_casts(graph: Graph) -> set[int]:
+    """Forward ops casting a parameter under autocast: autocast caches the cast of a leaf
+    that requires grad (`cached_cast`) and frees it when the outermost autocast exits, at
+    the forward's end, or a checkpoint recompute's (which re-enters autocast)."""
+    if not graph.trace.autocast.enabled:
+        return set()
+    nodes = graph.trace.nodes
+    return {
+        o
+        for o in graph.forward_ops
+        if nodes[graph.ops[o].nodes[0]].target is torch.ops.aten._to_copy.default
+        and len(graph.ops[o].inputs) == 1
+        and graph.values[graph.ops[o].inputs[0]].kind == "param"
+    }
+
+
 def in_place_ops(graph: Graph) -> dict[int, int]:
     """Forward ops eager runs in place, each with the clone autograd makes of its input
     first (the original its derivative reads: `SiLU(inplace=True)`, timm's `BatchNormAct2d`).
@@ -293,6 +311,7 @@ class _Builder:
         self.recomputed = 0
         self.recompute_time = 0.0
         self.at: dict[int, int] = {}  # backward op -> its position
+        self.casts = autocast_casts(graph)
 
     def _run(self, o: int) -> None:
         pos = len(self.runs)
@@ -320,6 +339,9 @@ class _Builder:
                     self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
         first = {call.ops[0]: call for call in self.calls}
         n_forward = len(self.runs)
+        for o in self.casts:  # autocast's cache holds them until the forward's autocast exits
+            for v in graph.ops[o].outputs:
+                self._hold(v, n_forward - 1)
         for v, o in self.dropped.items():
             if o in at:
                 self._hold(v, at[o])
@@ -465,6 +487,9 @@ class _Builder:
             self.recomputed += 1
             self.recompute_time += op.time
         end = len(self.runs) - 1  # the recompute stops: Python drops what it still holds
+        for o in self.casts.intersection(part.ops):  # cached until the recompute's autocast exits
+            for v in graph.ops[o].outputs:
+                self._hold(copy.get(v, v), end)
         drops = self.dropped if part.replay_drops is None else part.replay_drops
         for v in made:
             drop = drops.get(v)
