@@ -12,6 +12,7 @@ every submodule, and the ops it dispatches are aligned with the trace.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,20 @@ def boundaries(problem: Problem) -> Boundaries:
         calls[(module, hook)] = k + 1
         moments.append(Boundary(module, hook, k, nxt))
     moments.append(ends[1])
-    return Boundaries(tuple(places), tuple(moments))
+    # a moment just after a traced op the probe did not run as traced (eager's in-place
+    # `silu_` where the trace has `silu`) may fall before or after it: not a place to cut
+    seen = {p for _, p in matched}
+    nodes = trace.nodes
+    unsure = set()
+    for m in moments:
+        q = m.place - 1
+        while q >= 0 and nodes[places[q]].target is operator.getitem:
+            q -= 1
+        if q >= 0 and q not in seen:
+            unsure.add(m.place)
+    return Boundaries(
+        tuple(places), tuple(m for m in moments if m.place not in unsure or m.hook in (START, END))
+    )
 
 
 @dataclass
