@@ -425,7 +425,7 @@ def test_every_subset_of_offloads_runs_exactly_as_predicted(gpt):
                 trial = with_transfer(problem, program, start, v, lead=2.0)
                 assert trial is not None
                 program, start = trial
-            plan = Plan(program, start, "subset", 0, problem.fingerprint, problem=problem)
+            plan = Plan(program, start, "subset", 0, problem)
             run = core.apply_plan(model, plan)
             peak, _, grads = measured_step(model, inputs, seed=2, run=run)
             assert_same_grads(grads, eager_grads)
@@ -454,7 +454,7 @@ def test_a_value_offloaded_twice_runs_as_predicted(gpt):
     v = plan.program[i][1]
     program = plan.program[: i + 1] + [(OFFLOAD, v), (PREFETCH, v)] + plan.program[i + 1 :]
     start = plan.backward_start + 2 * (i < plan.backward_start)
-    twice = Plan(program, start, "twice", 0, problem.fingerprint, problem=problem)
+    twice = Plan(program, start, "twice", 0, problem)
     sim = check_program(twice, problem)
     assert len(sim.transfers) == 4
     _, _, eager_grads = measured_step(model, inputs, seed=4)
