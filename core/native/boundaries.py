@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from core.problem import Problem, per_problem
 from core.trace.call import join_call
@@ -46,6 +47,8 @@ class Boundaries:
 
     nodes: tuple[int, ...]  # trace node index of each place
     moments: tuple[Boundary, ...]  # in the order they happen
+    # places of ops eager did not run as traced in the probe (no stretch may hold them)
+    unmatched: frozenset[int] = frozenset()
 
     def at(self, place: int) -> list[Boundary]:
         """The moments just before forward op node `place` (the end: `len(nodes)`)."""
@@ -102,8 +105,17 @@ def boundaries(problem: Problem) -> Boundaries:
             q -= 1
         if q >= 0 and q not in seen:
             unsure.add(m.place)
+    skipped = frozenset(
+        p
+        for p, n in enumerate(places)
+        if p not in seen
+        and nodes[n].target is not operator.getitem
+        and nodes[n].target not in SAC_IGNORED_OPS
+    )
     return Boundaries(
-        tuple(places), tuple(m for m in moments if m.place not in unsure or m.hook in (START, END))
+        tuple(places),
+        tuple(m for m in moments if m.place not in unsure or m.hook in (START, END)),
+        skipped,
     )
 
 

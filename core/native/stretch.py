@@ -209,6 +209,8 @@ def _cover(
             continue
         if any(s < ts < e or s < te < e or (ts <= s and e <= te) for ts, te in taken):
             continue
+        if any(s <= p < e for p in bnd.unmatched):
+            continue  # eager ran an op of it otherwise than traced: its policy would refuse
         stretch_nodes = bnd.nodes[s:e]
         ops = {op_of[n] for n in stretch_nodes if n in op_of}
         if not ops & recomputed or _writes_outside(problem, stretch_nodes, inplace, op_of):
