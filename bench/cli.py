@@ -90,9 +90,9 @@ def _run(args: argparse.Namespace, rest: list[str]) -> int:
             print(f"zoo left out: {e}")
         return 0
     if args.app:
-        from bench.app import bench_app
+        from bench.app import app_table, bench_app
 
-        print(bench_app())
+        print(app_table(bench_app()))
         return 0
     from bench.compare import main as bench_main
 
