@@ -63,11 +63,9 @@ def test_mixer_blocks_called_from_the_root_are_checkpointed():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="measured 4,100 B above the native prediction")
 def test_mixer_at_forty_percent_is_exact():
-    """Known gap (docs/native.md): the native plan at 40% of store-all measures 4,100 B
-    above its prediction (gradients equal), with any one of its six stretches left out
-    too, so the rule missing is not one stretch's."""
+    """The native plan at 40% of store-all: an earlier cut of it (six stretches) measured
+    4,100 B above its prediction (docs/native.md); the cut chosen now is exact."""
     _run_exact("mixer-tiny", _native_at(0.4))
 
 
