@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from core.trace.call import join_call
+from core.trace.call import fake_call
 from core.trace.eager_branches import eager_branches
 from core.trace.nodes import Trace
 
@@ -97,12 +97,8 @@ def python_lifetimes(
     under the trace's autocast (then `loss_fn` when the trace has one)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        example = [
-            torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=device)
-            for s in trace.input_specs
-        ]
-    args, kwargs, targets = join_call(example, trace.call)
+    inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
+    args, kwargs, targets = fake_call(inputs, trace.call, device, mode)
     deaths = _Deaths()
     # fake mode runs ops on small real CPU tensors for real (batch-norm's step count):
     # the probe must leave the model's buffers as it found them
