@@ -240,7 +240,8 @@ def _inspect(args: argparse.Namespace, rest: list[str]) -> int:
         f"store-all time: {problem.store_all_time * 1e3:.1f} ms ({problem.cost_model} costs)\n"
         f"floor: {problem.floor.nbytes / problem.store_all_peak:.1%} of store-all, no plan goes "
         f"below it: {problem.floor.describe()}\n"
-        f"core.analyze took {seconds:.1f} s"
+        + (f"{problem.attention}\n" if problem.attention else "")
+        + f"core.analyze took {seconds:.1f} s"
     )
     return 0
 

@@ -116,6 +116,8 @@ def intro(name: str, description: str, numbers: dict) -> list:
             ]
         )
     ]
+    if numbers.get("attention"):  # e.g. "attention: flash attention (assumed for h100, ...)"
+        parts.append(html.P(f"Planned with {numbers['attention']}."))
     if numbers.get("ckpt_peak"):
         saved = 100 * (1 - numbers["ckpt_peak"] / sa_peak)
         extra = 100 * (numbers["ckpt_time"] / sa_time - 1)

@@ -291,6 +291,7 @@ def intro_numbers(studio: Studio, key: str, problem, methods: list[str]) -> dict
         "store_all_time": problem.store_all_time,
         "cost_model": problem.cost_model,
         "n_blocks": len(problem.blocks),
+        "attention": problem.attention,  # the kernels assumed for the device, in words
     }
     if key != base_key(key):  # a step switch is on: the plain step's peak beside it
         plain = studio.problem(base_key(key))
