@@ -337,6 +337,18 @@ def _traced(
         if chunked and floor_of(graph).nbytes < floor_of(plain_graph).nbytes:
             return trace, graph, head
         return plain, plain_graph, PLAIN
+    why = list(dict.fromkeys(mode.refused))  # a head was found and left plain: say why
+    if mode.found:
+        why.append(
+            "the logits are used beyond the loss (returned, or read by another op), so "
+            "chunking would only add work: return only the loss"
+        )
+    if why:
+        raise UnsupportedModel(
+            "loss_head='chunked' on this step",
+            "",
+            "; ".join(why) + "; use loss_head='auto' (chunked only where it applies) or 'plain'",
+        )
     raise UnsupportedModel(
         "loss_head='chunked' on a step with no LM-head loss to chunk",
         "",

@@ -43,6 +43,15 @@ _VIEWS = {
     torch.flatten,
     torch.Tensor.contiguous,
 }
+# dtype casts of the logits between the head and its loss (bf16 recipes upcast to fp32)
+_CASTS = {
+    torch.Tensor.float,
+    torch.Tensor.double,
+    torch.Tensor.half,
+    torch.Tensor.bfloat16,
+    torch.Tensor.to,
+    torch.Tensor.type,
+}
 
 
 @dataclass(frozen=True)
@@ -167,17 +176,20 @@ class _Linear:
 
 
 class LossHeadMode(TorchFunctionMode):
-    """Within it, LM-head losses run as `head` says; `found` lists the heads met."""
+    """Within it, LM-head losses run as `head` says; `found` lists the heads met, `refused`
+    why a head's loss was left plain (what a user can act on)."""
 
     def __init__(self, head: LossHead = PLAIN) -> None:
         super().__init__()
         self.head = head
         self.found: list[Head] = []
+        self.refused: list[str] = []
         self._linears: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __enter__(self) -> LossHeadMode:
         """Each entry starts afresh: a step traced twice reports its heads once."""
         self.found = []
+        self.refused = []
         self._linears = WeakIdKeyDictionary()
         return super().__enter__()
 
@@ -197,6 +209,13 @@ class LossHeadMode(TorchFunctionMode):
             if out.dim() >= 1 and out.shape[-1] == src.weight.shape[0]:
                 lead = tuple(out.shape[:-1])
                 self._linears[out] = _Linear(src.x, src.weight, src.bias, lead)
+        elif func in _CASTS and args and args[0] in self._linears and isinstance(out, torch.Tensor):
+            if out.dtype != args[0].dtype:
+                self.refused.append(
+                    f"the logits are cast from {str(args[0].dtype).removeprefix('torch.')} to "
+                    f"{str(out.dtype).removeprefix('torch.')} between the head and the loss, "
+                    "which the chunked head does not do"
+                )
         elif func is F.cross_entropy and args and args[0] in self._linears:
             chunked = self._chunked(self._linears[args[0]], *args[1:], **kwargs)
             if chunked is not None:
@@ -226,14 +245,24 @@ class LossHeadMode(TorchFunctionMode):
             or label_smoothing != 0.0
             or target.dtype != torch.int64
             or tuple(target.shape) != lin.lead
-            or _autocast_on(lin.x.device)
         ):
+            self.refused.append(
+                "the loss is not a plain cross-entropy over 2-d logits (class weights, label "
+                "smoothing, reduction 'none' or other targets)"
+            )
+            return None
+        if _autocast_on(lin.x.device):
+            self.refused.append("autocast is on at the loss")
             return None
         x = lin.rows()
         n, d = x.shape
         v = lin.weight.shape[0]
         rows = self.head.rows or default_rows(n, d, v)
         if rows >= n:
+            self.refused.append(
+                f"the loss has {n} rows, which fit in one chunk of {rows}: nothing to chunk "
+                "(more tokens, or LossHead('chunked', rows) with fewer rows per chunk)"
+            )
             return None
         self.found.append(Head(n, d, v, rows, n * v * x.element_size()))
         return ChunkedHead.apply(

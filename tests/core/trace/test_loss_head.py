@@ -108,7 +108,7 @@ class LogitsToo(nn.Module):
 def test_logits_used_beyond_the_loss_are_not_chunked():
     torch.manual_seed(0)
     model, x, y = LogitsToo(), torch.randn(256, 16), torch.randint(0, 300, (256,))
-    with pytest.raises(UnsupportedModel, match="no LM-head loss"):
+    with pytest.raises(UnsupportedModel, match="logits are used beyond the loss"):
         core.analyze(model, (x, y), loss_head="chunked")
     auto = core.analyze(model, (x, y), loss_head="auto")
     assert auto.loss_head == LossHead()
@@ -186,3 +186,41 @@ def test_the_mode_passes_other_code_through():
     assert mode.found == [] and y.dim() == 0
     with pytest.raises(ValueError, match="positive int"):
         LossHead("chunked", 0)
+
+
+def _hf_llama(vocab: int = 512) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    return LlamaForCausalLM(cfg).train()
+
+
+def test_a_head_left_plain_is_refused_naming_why():
+    """The issue's two cases: a bf16 model whose loss upcasts the logits, and a batch whose
+    rows fit one chunk. Each refusal names its reason, not 'no LM-head loss'."""
+    model = _hf_llama()
+    ids, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+
+    def loss(out, y):
+        return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+    def upcast(out, y):
+        return F.cross_entropy(out.logits.float().flatten(0, 1), y.flatten())
+
+    kw = {"use_cache": False}
+    with pytest.raises(core.UnsupportedModel, match=r"64 rows, which fit in one chunk of 64"):
+        core.analyze(model, (ids,), kw, loss_fn=loss, targets=(y,), loss_head="chunked")
+    model = model.to(torch.bfloat16)
+    ids, y = torch.randint(0, 512, (2, 64)), torch.randint(0, 512, (2, 64))
+    with pytest.raises(core.UnsupportedModel, match=r"cast from bfloat16 to float32 between"):
+        core.analyze(model, (ids,), kw, loss_fn=upcast, targets=(y,), loss_head="chunked")
+    plain = core.analyze(model, (ids,), kw, loss_fn=upcast, targets=(y,), loss_head="auto")
+    assert plain.loss_head.kind == "plain"
