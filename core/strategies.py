@@ -49,17 +49,24 @@ from torch import nn
 from torch._functorch.partitioners import get_default_op_list
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
-from core.errors import RematError
+from core.errors import RematError, fmt_bytes
 from core.graph import Phase
 from core.lowering import python_held
 from core.memory import host_copy
 from core.plan import Prediction
 from core.problem import Problem
 from core.simulator import COLUMNS
-from core.simulator.native import Checkpointed, NativeProgram, native_program
+from core.simulator.native import (
+    Checkpointed,
+    NativeProgram,
+    backward_calls,
+    in_place_ops,
+    native_program,
+)
 from core.simulator.program import RUN, step_values
 from core.simulator.timeline import Step
 from core.simulator.walker import walk
+from core.trace.call import fake_call
 
 aten = torch.ops.aten
 
@@ -529,7 +536,6 @@ def torchtune_offload(problem: Problem) -> Imported:
 
     saved: dict[tuple[int, int], set[int]] = {}  # (first op of a call, value) -> packed nodes
     whole: set[tuple[int, int]] = set()  # ... read unpacked too: autograd holds the original
-    from core.simulator.native import backward_calls, in_place_ops
 
     calls = backward_calls(graph, frozenset(in_place_ops(graph).values()))
     for call in calls:
@@ -931,7 +937,6 @@ def _cpu_cuda_timer() -> dict[str, Any]:
 
 def _traced_call(model: nn.Module, trace: Any, mode: Any) -> tuple[Any, Any, Any]:
     """(args, kwargs, targets) as fake tensors of `mode`, shaped and passed as traced."""
-    from core.trace.call import fake_call
 
     device = next(model.parameters()).device
     inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
@@ -960,7 +965,6 @@ def by_method(problem: Problem, method: str, budget: int | None = None) -> Impor
 
 def describe(imported: Imported) -> str:
     """What the strategy costs, in one paragraph: predicted peak and time, what it wraps."""
-    from core.errors import fmt_bytes
 
     problem = imported.problem
     p = imported.prediction

@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from core.trace.cuda_autocast import cached_cast, emulated_dtype
+
 # the kernels a user may assume, by the names PyTorch users know
 KERNELS = ("flash", "efficient", "cudnn", "math")
 NAMES = {
@@ -430,7 +432,6 @@ class AttentionMode(TorchFunctionMode):
 def _autocast(call: _Call) -> _Call:
     """The call as CUDA autocast passes it on (core.trace.cuda_autocast: SDPA is on its
     lower-precision list), when the trace emulates it."""
-    from core.trace.cuda_autocast import cached_cast, emulated_dtype
 
     dtype = emulated_dtype()
     if dtype is None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from core.trace.cuda_autocast import cuda_autocast
+
 # the device types whose autocast state is read and recorded
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -57,7 +59,6 @@ class Autocast:
         `emulate_cuda`: the tensors stand for CUDA ones (a GPU step traced on CPU or meta
         tensors), so CUDA's autocast runs with CUDA's cast lists on them
         (core.trace.cuda_autocast)."""
-        from core.trace.cuda_autocast import cuda_autocast
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(autocast_off())
