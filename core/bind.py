@@ -98,6 +98,7 @@ def retrace(
             meta.inputs,
             meta.call_spec,
             loss_fn,
+            values=meta.values,
             costs=meta.costs if meta.costs is not None else "estimated",
             autocast=meta.autocast,
             loss_head=meta.loss_head,

@@ -57,6 +57,9 @@ class GraphMeta:
     # the device the step was traced for (core.trace.device): its preset, the attention
     # kernel assumed first; a plan binds only to a model on that device
     device: DeviceModel = CPU
+    # the values of the example's small integer inputs (ids, masks) by input position: the
+    # model's Python branches on them (HF's mask code) go as they went when traced again
+    values: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def call_spec(self) -> CallSpec | None:
@@ -90,6 +93,8 @@ class GraphMeta:
             data["costs"] = self.costs.to_data()
         if self.device != CPU:
             data["device"] = self.device.to_data()
+        if self.values:
+            data["values"] = [[i, list(v)] for i, v in self.values]
         return data
 
     @staticmethod
@@ -106,4 +111,5 @@ class GraphMeta:
             optimizer=data.get("optimizer"),
             costs=CostRecord.from_data(data["costs"]) if "costs" in data else None,
             device=DeviceModel.from_data(data.get("device")),
+            values=tuple((int(i), tuple(map(int, v))) for i, v in data.get("values", [])),
         )

@@ -49,6 +49,7 @@ MAX_RANK = 16
 MAX_DIM = 2**31
 MAX_PARAMS = 100_000
 MAX_OPS = 1_000_000  # op times a cost record carries
+MAX_VALUES = 1 << 18  # integers of the example's small integer inputs a plan records
 MAX_BYTES_FIELD = 2**62  # budget, predicted peak
 
 _SCALARS = {  # opcodes pushing one plain scalar
@@ -275,7 +276,8 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     fields = {"params", "state", "inputs", "n_nodes"}
     if (
         not isinstance(meta, dict)
-        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs", "device"} != fields
+        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs", "device", "values"}
+        != fields
     ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
     params, state, inputs = meta["params"], meta["state"], meta["inputs"]
@@ -325,6 +327,22 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         _check_costs(meta["costs"], bad)
     if "device" in meta:  # core.trace.device.DeviceModel.to_data
         _check_device(meta["device"], bad)
+    if "values" in meta:  # the example's small integer inputs: [[position, [ints]], ...]
+        values = meta["values"]
+        if not (
+            isinstance(values, list)
+            and all(
+                isinstance(e, list)
+                and len(e) == 2
+                and _is_int(e[0], 0, len(inputs) - 1)
+                and isinstance(e[1], list)
+                and len(e[1]) == math.prod(inputs[e[0]][0])
+                and all(type(x) is int for x in e[1])
+                for e in values
+            )
+            and sum(len(e[1]) for e in values) <= MAX_VALUES
+        ):
+            raise bad("values is not [[input position, that input's integers], ...]")
 
 
 def _check_device(device: Any, bad: Callable[[str], PlanFileError]) -> None:

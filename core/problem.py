@@ -24,6 +24,7 @@ from core.simulator import Link, simulate, store_all_program
 from core.trace import Autocast, CallSpec, capture, fake_call, fingerprint, graph_meta, split_call
 from core.trace.attention import Choice
 from core.trace.attention import describe as describe_attention
+from core.trace.call import small_int_values
 from core.trace.device import CPU, DeviceDispatch, DeviceModel
 from core.trace.loss_head import PLAIN, LossHead, LossHeadMode
 from core.trace.nodes import Trace
@@ -256,6 +257,10 @@ def analyze(
         optimizer=opt.to_data() if opt is not None else None,
         costs=CostRecord(cost_name, tuple(op.time for op in graph.ops), link),
         device=dev,
+        values=tuple(
+            (i, tuple(v))
+            for i, v in small_int_values(split_call(args, kwargs or {}, targets)[0]).items()
+        ),
     )
     return Problem(
         graph,
@@ -281,6 +286,7 @@ def trace_recorded(
     call: CallSpec | None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     tensors_on: torch.device | None = None,
+    values: Sequence[tuple[int, Sequence[int]]] = (),
     **options: Any,
 ) -> Problem:
     """The one route from a recorded step to a traced problem: `model` called as `call`
@@ -291,10 +297,8 @@ def trace_recorded(
     `call` None: the inputs are the model's positional arguments (plans from before keyword
     inputs). `loss_fn` is used when the call records a loss."""
     on = tensors_on or next((p.device for p in model.parameters()), torch.device("cpu"))
-    if call is None:
-        args, kwargs, targets = fake_call(inputs, _positional(len(inputs)), on)
-    else:
-        args, kwargs, targets = fake_call(inputs, call, on)
+    spec = _positional(len(inputs)) if call is None else call
+    args, kwargs, targets = fake_call(inputs, spec, on, values=dict(values))
     uses_loss = call is not None and call.loss
     return analyze(model, args, kwargs, loss_fn if uses_loss else None, targets, **options)
 

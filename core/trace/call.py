@@ -4,7 +4,7 @@ records the spec; the planned module checks every call against it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,20 +84,40 @@ def fake_call(
     call: CallSpec,
     device: torch.device | str,
     mode: FakeTensorMode | None = None,
+    values: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[tuple, dict, tuple]:
     """(args, kwargs, targets) of `call` on fake tensors shaped as `inputs` records (shape,
     dtype, requires grad): the call a recorded step is traced again with, nothing allocated
-    however large the shapes. `mode` is the fake mode they belong to (a new one by default)."""
+    however large the shapes. `mode` is the fake mode they belong to (a new one by default).
+    `values`: the recorded values of small integer inputs (token ids, masks), made real on a
+    CPU device so the model's Python branches on them go as they went (`eager_branches`)."""
+    dtypes = [getattr(torch, d) if isinstance(d, str) else d for _, d, _ in inputs]
     with mode or FakeTensorMode():
         example = [
-            torch.empty(
-                tuple(shape),
-                dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
-                device=device,
-            ).requires_grad_(grad)
-            for shape, dtype, grad in inputs
+            torch.empty(tuple(shape), dtype=dtype, device=device).requires_grad_(grad)
+            for (shape, _, grad), dtype in zip(inputs, dtypes, strict=True)
         ]
+    if torch.device(device).type == "cpu":
+        for i, vals in (values or {}).items():
+            example[i] = torch.tensor(list(vals), dtype=dtypes[i]).reshape(tuple(inputs[i][0]))
     return join_call(example, call)
+
+
+def small_int_values(tensors: Sequence[Any], cap: int = 1 << 16) -> dict[int, list[int]]:
+    """The values of a call's small integer and boolean CPU tensors (token ids, masks; at
+    most `cap` elements each), by position: what a plan records so that a trace on fake
+    inputs branches as the example did."""
+    out = {}
+    for i, t in enumerate(tensors):
+        if (
+            isinstance(t, torch.Tensor)
+            and type(t) is torch.Tensor
+            and t.device.type == "cpu"
+            and (t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()))
+            and t.numel() <= cap
+        ):
+            out[i] = [int(v) for v in t.flatten().tolist()]
+    return out
 
 
 def unflatten_output(leaves: list[Any], spec: Any) -> Any:
