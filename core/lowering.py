@@ -14,12 +14,9 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.utils.checkpoint import SAC_IGNORED_OPS
-
 from core.graph import Graph
 from core.native.boundaries import forward_nodes
-from core.native.stretch import Stretch, covers
+from core.native.stretch import Stretch, covers, save_mask
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
 from core.simulator import OFFLOAD
@@ -304,17 +301,7 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     every = _module_nodes(problem, module)
-    order = [n for n in every if isinstance(nodes[n].target, torch._ops.OpOverload)]
-    order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
-    ops_in = sorted({op_of[n] for n in order if n in op_of})
-    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
-    later_recomputed = False
-    for o in reversed(ops_in):
-        if graph.ops[o].random:
-            if later_recomputed:
-                saved.discard(o)
-            later_recomputed = later_recomputed or o not in saved
-    save = tuple(op_of.get(n) in saved for n in order)
+    order, save = save_mask(problem, every, kept, op_of)
     targets = tuple(nodes[n].target for n in order)
     cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
     rows = graph.trace.module_state.rows

@@ -17,6 +17,7 @@ unpack, and holds what it made until used). Cuts at several weights are simulate
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -257,17 +258,7 @@ def _stretch(
     later random op of the stretch is) and when its replay drops each value."""
     graph = problem.graph
     nodes = graph.trace.nodes
-    order = [n for n in stretch if isinstance(nodes[n].target, torch._ops.OpOverload)]
-    order = [n for n in order if nodes[n].target not in SAC_IGNORED_OPS]
-    ops_in = sorted({op_of[n] for n in order if n in op_of})
-    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
-    later_recomputed = False
-    for o in reversed(ops_in):
-        if graph.ops[o].random:
-            if later_recomputed:
-                saved.discard(o)
-            later_recomputed = later_recomputed or o not in saved
-    save = tuple(op_of.get(n) in saved for n in order)
+    order, save = save_mask(problem, stretch, kept, op_of)
     cached = frozenset(op_of[n] for n, s in zip(order, save, strict=True) if s and n in op_of)
     mine = set(stretch)
     region_ops = [o for o in sorted(set(op_of[n] for n in stretch if n in op_of))]
@@ -287,3 +278,24 @@ def _stretch(
         cached,
         tuple(sorted(drops.items())),
     )
+
+
+def save_mask(
+    problem: Problem, nodes: Sequence[int], kept: set[int], op_of: dict[int, int]
+) -> tuple[list[int], tuple[bool, ...]]:
+    """A region's policy nodes (its ATen ops SAC sees, in order) and which of them it saves:
+    an op whose result the plan keeps through the forward; a random op only when every later
+    random op of the region is saved too, so a recompute draws as the forward did."""
+    graph = problem.graph
+    trace_nodes = graph.trace.nodes
+    order = [n for n in nodes if isinstance(trace_nodes[n].target, torch._ops.OpOverload)]
+    order = [n for n in order if trace_nodes[n].target not in SAC_IGNORED_OPS]
+    ops_in = sorted({op_of[n] for n in order if n in op_of})
+    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
+    later_recomputed = False
+    for o in reversed(ops_in):
+        if graph.ops[o].random:
+            if later_recomputed:
+                saved.discard(o)
+            later_recomputed = later_recomputed or o not in saved
+    return order, tuple(op_of.get(n) in saved for n in order)
