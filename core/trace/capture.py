@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import checkpoint
 
 from core.errors import UnsupportedModel
-from core.trace import fake_kernels
+from core.trace import cuda_autocast, fake_kernels
 from core.trace.autocast import OFF, Autocast, autocast_off
 from core.trace.call import CallSpec, join_call, split_call
 from core.trace.convert import convert
@@ -363,11 +363,13 @@ def _autocast_cache() -> Iterator[None]:
     outside the trace is reused in it."""
     enabled = torch.is_autocast_cache_enabled()
     torch.clear_autocast_cache()
+    cuda_autocast.clear_cache()
     torch.set_autocast_cache_enabled(True)
     try:
         yield
     finally:
         torch.clear_autocast_cache()
+        cuda_autocast.clear_cache()
         torch.set_autocast_cache_enabled(enabled)
 
 
