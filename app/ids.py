@@ -15,6 +15,16 @@ BUDGET_MESSAGE = "budget-message"  # why a typed budget was refused, with the mi
 NUMBERS = "numbers"  # the budget card: its data-for is the plan its numbers are for
 BUDGET_HINT = "budget-hint"  # what sets this model's peak (e.g. parameter gradients)
 
+# the Hugging Face architectures menu (app.architectures): an architecture at a shape, planned
+# for a GPU preset
+ARCH = "arch"
+ARCH_BATCH = "arch-batch"
+ARCH_SEQ = "arch-seq"
+ARCH_DEVICE = "arch-device"
+ARCH_PLAN = "arch-plan"
+ARCH_NOTE = "arch-note"  # the chosen architecture's published numbers
+ARCH_ERROR = "arch-error"  # a shape out of range, or transformers missing
+
 # background work
 PROGRESS = "progress"
 PROGRESS_BAR = "progress-bar"
@@ -68,6 +78,7 @@ MEASURE_TEXT = "measure-text"
 
 # will it fit: the whole training footprint against the device's memory
 FIT = "fit"
+FIT_TEXT = "fit-text"  # the answer in words, with the attention kernel the plan assumed
 
 # export
 EXPORT = "export"

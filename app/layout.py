@@ -9,6 +9,16 @@ import dash_cytoscape as cyto
 from dash import dcc, html
 
 from app import ids
+from app.architectures import (
+    DEFAULT_ARCH,
+    DEFAULT_BATCH,
+    DEFAULT_GPU,
+    GPUS,
+    MIN_SEQ,
+    arch_options,
+    default_seq,
+    missing,
+)
 from app.explain import FATE_TEXT
 from app.figures import graph_stylesheet
 from app.figures.axes import empty_figure
@@ -54,6 +64,7 @@ def build_layout(
                 hidden=not startup_error,
             ),
             _controls(models, model, method, methods),
+            _architecture_row(),
             _busy_bar(),
             html.Div(id=ids.CANCEL_NOTE, className="message warn", role="status", hidden=True),
             html.Div(id=ids.ERROR, className="message error", role="alert", hidden=True),
@@ -198,6 +209,74 @@ def _controls(models, model, method, methods):
                 title="analyse the step with AdamW's update of each parameter inside the "
                 "backward (each gradient freed after its update), and/or the LM head's loss "
                 "computed over chunks of rows: both lower the floor no plan goes below",
+            ),
+        ],
+    )
+
+
+def _architecture_row() -> html.Div:
+    """The Hugging Face architectures menu: one at its published size, a batch and a sequence
+    length, the GPU to plan for; "plan" adds it to the model menu and analyses it."""
+    why = missing()
+    return html.Div(
+        className="controls card arch-menu",
+        children=[
+            html.Label(
+                [
+                    "Hugging Face architecture (published size, meta device)",
+                    dcc.Dropdown(
+                        arch_options(),
+                        DEFAULT_ARCH,
+                        id=ids.ARCH,
+                        clearable=False,
+                        disabled=bool(why),
+                    ),
+                ],
+                className="control wide",
+            ),
+            html.Label(
+                [
+                    "batch",
+                    dcc.Input(
+                        id=ids.ARCH_BATCH,
+                        type="number",
+                        value=DEFAULT_BATCH,
+                        min=1,
+                        step=1,
+                    ),
+                ],
+                className="control narrow",
+            ),
+            html.Label(
+                [
+                    "sequence length",
+                    dcc.Input(
+                        id=ids.ARCH_SEQ,
+                        type="number",
+                        value=default_seq(DEFAULT_ARCH),
+                        min=MIN_SEQ,
+                        step=1,
+                    ),
+                ],
+                className="control narrow",
+            ),
+            html.Label(
+                [
+                    "planned for",
+                    dcc.Dropdown(list(GPUS), DEFAULT_GPU, id=ids.ARCH_DEVICE, clearable=False),
+                ],
+                className="control narrow",
+            ),
+            html.Button(
+                "plan it",
+                id=ids.ARCH_PLAN,
+                disabled=bool(why),
+                title="add this architecture at this shape to the model menu and analyse it for "
+                "the GPU: the attention kernel torch picks there, the caching allocator's rounding",
+            ),
+            html.Span(id=ids.ARCH_NOTE, className="hint"),
+            html.Div(
+                why, id=ids.ARCH_ERROR, className="message warn", role="alert", hidden=not why
             ),
         ],
     )
@@ -462,6 +541,7 @@ def _export_card():
             className="hint",
         ),
         _plot(ids.FIT, 200),
+        html.P(id=ids.FIT_TEXT, className="fit-answer"),
         html.P(
             "Memory against batch size: the whole footprint of plain PyTorch and of the plan "
             "at this budget fraction, each batch size traced and planned again (a background "

@@ -212,7 +212,13 @@ def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def describe(name: str) -> str:
+    """A sample model, or an architecture of the app's menu ("llama3-8b 1x8192"), in words."""
     if name not in REGISTRY:
+        from .hf_archs import ARCHITECTURES
+        from .hf_archs import describe as architecture
+
+        if name.partition(" ")[0] in ARCHITECTURES:
+            return architecture(name)
         raise KeyError(f"unknown sample model {name!r}; valid names: {', '.join(REGISTRY)}")
     builder = REGISTRY[name]
     return builder.description if isinstance(builder, Preset) else name

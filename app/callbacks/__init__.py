@@ -10,6 +10,7 @@ from dash import Dash
 
 from app.callbacks import (
     analysis,
+    architectures,
     batch,
     budget,
     compare,
@@ -45,5 +46,6 @@ def register(app: Dash, studio: Studio) -> None:
         lesson,
         compare,
         parallel,
+        architectures,
     ):
         group.register(app, studio)

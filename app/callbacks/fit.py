@@ -1,25 +1,32 @@
 """Will it fit: plain PyTorch's and the plan's whole training footprint (`core.footprint`)
-against the device preset's memory, for the plan on screen."""
+against the device preset's memory, for the plan on screen, drawn and said in words with the
+attention kernels the analysis assumed for that device."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from dash import Dash, Input, Output
 
 from app import ids
 from app.callbacks.memory import plan_view
 from app.figures.fit import fit_figure
-from app.state import Studio
+from app.state import METHOD_LABELS, Studio
 from app.words import COST_WORDS
-from core import footprint
+from core import fmt_bytes, footprint
 
 
 def register(app: Dash, studio: Studio) -> None:
     @app.callback(
         Output(ids.FIT, "figure"),
+        Output(ids.FIT_TEXT, "children"),
         Input(ids.PLAN, "data"),
         prevent_initial_call=True,
     )
     def draw_fit(plan_ref):
+        said: list[str] = []
+
         def draw(plan, problem):
             device = plan_ref["key"].split("|")[2]
             plain = studio.plan(plan_ref["key"], "store_all", problem.store_all_peak)
@@ -27,9 +34,31 @@ def register(app: Dash, studio: Studio) -> None:
                 ("plain PyTorch", footprint(problem, plain, device)),
                 ("this plan", footprint(problem, plan, device)),
             ]
+            label = METHOD_LABELS.get(plan.method, plan.method).split(" (")[0]
+            pct = 100 * plan.budget / problem.store_all_peak
+            said.append(fit_words(rows, f"{label} at {pct:.0f}%", device, problem.attention))
             return fit_figure(rows, device_words(device))
 
-        return plan_view(studio, plan_ref, draw)
+        figure = plan_view(studio, plan_ref, draw)
+        return figure, " ".join(said)
+
+
+def fit_words(rows: Sequence[tuple[str, Any]], plan_label: str, device: str, attention: str) -> str:
+    """The answer in words: each footprint against the device's memory, fits or not, and the
+    attention kernels assumed ("" when the step has no attention call)."""
+    (_, plain), (_, ours) = rows
+    where = "this machine" if device in ("here", "cpu") else COST_WORDS.get(device, device)
+
+    def verdict(f: Any) -> str:
+        if f.fits:
+            return f"{fmt_bytes(f.total)}: fits, {fmt_bytes(f.capacity - f.total)} to spare"
+        return f"{fmt_bytes(f.total)}: does not fit, {fmt_bytes(f.total - f.capacity)} over"
+
+    text = (
+        f"On {where} ({fmt_bytes(plain.capacity)}): plain PyTorch needs {verdict(plain)}; "
+        f"{plan_label} needs {verdict(ours)}."
+    )
+    return text + (f" Planned with {attention}." if attention else "")
 
 
 def device_words(device: str) -> str:
