@@ -25,16 +25,16 @@ from core.frontier import minimum_budget, tradeoff
 from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
 from core.layout import Arena, arena
-from core.lowering import lower
 from core.memory import StorageTracker, host_copy, step_tensors
 from core.model_call import ModelCall
 from core.naming import OpName, block_title, op_name
+from core.native.lowering import lower
+from core.native.runtime import NativeHandle, NativeStep, native_handle
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, SavedPlan, load_plan
 from core.problem import Problem, analyze
 from core.reorder import reorder
-from core.runtime import apply_plan
-from core.runtime.native import NativeHandle, NativeStep, native_handle
+from core.runtime.module import apply_plan
 from core.schedule import plan_from_runs, store_all_plan
 from core.shapes import ShapeInfeasible, ShapeSpecError
 from core.simulator import (

@@ -68,7 +68,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     PrivateAPI(
         "torch.utils._python_dispatch",
         "TorchDispatchMode",
-        "core/memory.py, core/interpret.py, core/runtime, core/native",
+        "core/memory.py, core/interpret.py, core/native",
         "sees every ATen op a step runs: the storage tracker, the interpreter's ops, the "
         "native runtime's op matching",
     ),

@@ -3,7 +3,7 @@ your current checkpointing costs, predicted before it runs, beside a step that r
 the strategy's own code.
 
 Each strategy is a checkpoint policy or a saved-tensor hook, so the native simulation
-(`core.simulator.native`) predicts it exactly as it predicts our own native plans:
+(`core.native.simulate`) predicts it exactly as it predicts our own native plans:
 
 - `hf_checkpointing`: Hugging Face's `gradient_checkpointing_enable()` (transformers 5:
   `activation_checkpointing_enable`): non-reentrant `torch.utils.checkpoint` around each
@@ -51,18 +51,18 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
 from core.errors import RematError, fmt_bytes
 from core.graph import Phase
-from core.lowering import python_held
 from core.memory import host_copy
-from core.plan import Prediction
-from core.problem import Problem
-from core.simulator import COLUMNS
-from core.simulator.native import (
+from core.native.lowering import python_held
+from core.native.simulate import (
     Checkpointed,
     NativeProgram,
     backward_calls,
     in_place_ops,
     native_program,
 )
+from core.plan import Prediction
+from core.problem import Problem
+from core.simulator import COLUMNS
 from core.simulator.program import RUN, step_values
 from core.simulator.timeline import Step
 from core.simulator.walker import walk

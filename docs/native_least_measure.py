@@ -18,8 +18,8 @@ import time
 import torch
 
 import core
-from core.lowering import lower
 from core.memory import StorageTracker, step_tensors
+from core.native.lowering import lower
 from sample_models import build, names
 
 BIG = {"gpt2-small", "resnet50", "vit-small", "regnet-small", "mlp", "resnet18", "unet-small"}

@@ -22,9 +22,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from core.native.match import align, traced_as
 from core.problem import Problem, per_problem
 from core.trace.call import join_call
-from core.trace.lifetimes import _TRACED_AS, _align
 from core.trace.nodes import AtenNode
 
 START, END = "start", "end"  # the step's own boundaries (module "")
@@ -68,7 +68,7 @@ class _Count(TorchDispatchMode):
         self.ops: list[Any] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.ops.append(_TRACED_AS.get(func, func))
+        self.ops.append(traced_as(func))
         return func(*args, **(kwargs or {}))
 
 
@@ -83,7 +83,7 @@ def boundaries(problem: Problem) -> Boundaries:
     if model is None:
         return Boundaries(tuple(places), tuple(ends))
     events = _probe(model, problem)
-    pairs = _align(trace, events.ops)
+    pairs = align(trace, events.ops)
     place_of = {n: i for i, n in enumerate(places)}
     matched = sorted((k, place_of[n]) for k, n in pairs if n in place_of)
     moments = [ends[0]]

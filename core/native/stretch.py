@@ -12,7 +12,7 @@ Where to cut a block into stretches: at its ends, and inside it wherever the act
 the forward carries across, and the plan frees, weigh little: the next stretch's frame
 holds them to its backward, but each recompute is shorter (it runs once, at the first
 unpack, and holds what it made until used). Cuts at several weights are simulated;
-`core.lowering.lower` keeps the one with the lowest native peak.
+`core.native.lowering.lower` keeps the one with the lowest native peak.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from core.native.boundaries import Boundaries, Boundary, boundaries
+from core.native.simulate import in_place_ops
 from core.problem import Problem
-from core.simulator.native import in_place_ops
 
 # cut weights tried inside blocks: 0, then this many quantiles of the weights seen (8: the
 # native minimum of gpt-tiny 37.0% of store-all, 4: 38.6%; mixer-tiny, unet-tiny the same)
@@ -39,7 +39,7 @@ GROUPS = (2, 3, 4)
 class Stretch:
     """A region that is a stretch of the forward: it begins at moment `start` and ends at
     moment `end` (`core.native.boundaries`); `label` names it for people and errors. Its
-    ops, saves and nodes are a `core.lowering.Region`'s (its `module` the label)."""
+    ops, saves and nodes are a `core.native.lowering.Region`'s (its `module` the label)."""
 
     start: Boundary
     end: Boundary

@@ -30,11 +30,11 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from core.errors import PlanMismatch
+from core.native.runtime import apply_native, untraced_ops
 from core.parallel.measure import local
 from core.parallel.search import Layout, ParallelError, ParallelPlan
 from core.plan import Plan
-from core.runtime import apply_plan
-from core.runtime.native import apply_native, untraced_ops
+from core.runtime.module import apply_plan
 from core.trace import TensorSpec
 from core.validate import check_program
 

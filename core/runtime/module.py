@@ -22,9 +22,9 @@ from torch import nn
 from core.bind import bind
 from core.errors import InvalidPlan, PlanMismatch
 from core.graph import Graph
+from core.native.runtime import apply_native
 from core.plan import Plan, SavedPlan
 from core.runtime.interpreter import CompiledProgram, PlanFunction
-from core.runtime.native import apply_native
 from core.runtime.transfers import HostLane, lane_for
 from core.shapes import ShapePlan, ShapePlans, Shapes, ShapeSpecError
 from core.trace import Autocast, split_call, unflatten_output

@@ -12,13 +12,13 @@ import time
 from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
+from core.native import solver as native
 from core.plan import Plan
 from core.problem import Problem
 from core.reorder import solve_reordered
 from core.solvers import (
     checkmate,
     checkpoint_blocks,
-    native,
     offload,
     pofo,
     rockmate,

@@ -21,7 +21,7 @@ import torch
 from helpers import SEED_BYTES, zoo_step
 
 import core
-from core.runtime.native import native_handle
+from core.native.runtime import native_handle
 from core.schedule import store_all_plan
 from sample_models import diffusers_zoo, timm_zoo
 from sample_models.zoo import ZooCase

@@ -8,7 +8,7 @@ import torch
 from helpers import SEED_BYTES, zoo_step
 
 import core
-from core.runtime import PlannedModule
+from core.runtime.module import PlannedModule
 from sample_models.hf_zoo import ZooCase
 
 

@@ -18,7 +18,7 @@ from native_cases import step as _step
 import core
 from core.errors import PlanMismatch
 from core.memory import StorageTracker, step_tensors
-from core.runtime.native import native_handle
+from core.native.runtime import native_handle
 from core.schedule import store_all_plan
 from sample_models import build
 

@@ -6,7 +6,7 @@ seed of backward, whichever is higher.
 Autocast caches the bf16 cast of each parameter until the outermost autocast exits (the
 forward's end; a checkpoint recompute re-enters autocast and frees its casts as it stops):
 the simulation held them only while the graph read them, 59,652 B short on gpt-tiny's
-Rockmate plan at 50% (`core.simulator.native.autocast_casts`)."""
+Rockmate plan at 50% (`core.native.simulate.autocast_casts`)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from native_cases import plans as _plans
 from native_cases import step as _step
 
 import core
-from core.lowering import lower, python_held
-from core.runtime.native import native_handle
-from core.simulator.native import Checkpointed, native_program
+from core.native.lowering import lower, python_held
+from core.native.runtime import native_handle
+from core.native.simulate import Checkpointed, native_program
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread
 BF16 = ("cpu", torch.bfloat16)

@@ -13,8 +13,8 @@ from torch import nn
 
 import core
 from core.errors import PlanMismatch
-from core.runtime.kv_cache import kv_cache_guard
-from core.runtime.native import native_handle
+from core.native.kv_cache import kv_cache_guard
+from core.native.runtime import native_handle
 from sample_models import build, hf_zoo
 
 BF16 = ("cpu", torch.bfloat16)

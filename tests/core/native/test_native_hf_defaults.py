@@ -18,8 +18,8 @@ from zoo_exact import run_exactly as _run_exactly
 
 import core
 from core.errors import PlanMismatch
-from core.lowering import lower
-from core.runtime.native import native_handle
+from core.native.lowering import lower
+from core.native.runtime import native_handle
 from sample_models.hf_zoo import DEFAULTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread

@@ -4,7 +4,7 @@ measured peak = predicted + 4 B.
 
 LoRA's `B(A(dropout(x)))` ends a region's recompute before B's matmul: autograd packs a
 node's inputs before its op runs, so the recompute stops once the last holder (B's input)
-is filled, and B's output is never recomputed (`core.simulator.native`)."""
+is filled, and B's output is never recomputed (`core.native.simulate`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from zoo_exact import eager as _eager
 from zoo_exact import run_exactly as _run_exactly
 
 import core
-from core.lowering import lower
-from core.runtime.native import native_handle
+from core.native.lowering import lower
+from core.native.runtime import native_handle
 from sample_models.hf_zoo import llama_default
 
 peft = pytest.importorskip("peft")

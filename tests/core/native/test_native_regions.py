@@ -13,8 +13,8 @@ from native_cases import step as _step
 
 import core
 from core.errors import PlanMismatch
-from core.lowering import lower
-from core.runtime.native import native_handle
+from core.native.lowering import lower
+from core.native.runtime import native_handle
 
 
 def _run_exact(name: str, plan_of) -> tuple[core.Problem, core.Plan]:  # noqa: ANN001

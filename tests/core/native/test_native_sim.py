@@ -1,4 +1,4 @@
-"""The native simulation (`core.simulator.native`, `core.lowering`): a native-applied plan's
+"""The native simulation (`core.native.simulate`, `core.native.lowering`): a native-applied plan's
 measured peak is its lowering's predicted peak + the 4-byte seed of loss.backward(), and the
 "native" method's plans fit their budget measured. Gradients stay torch.equal to eager."""
 
@@ -15,8 +15,8 @@ from native_cases import step as _step
 from torch import nn
 
 import core
-from core.lowering import lower
-from core.runtime.native import native_handle
+from core.native.lowering import lower
+from core.native.runtime import native_handle
 
 
 def _check_predicted(name: str, plans: dict | None = None, case: tuple | None = None) -> None:

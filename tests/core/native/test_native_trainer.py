@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import core
-from core.runtime.native import native_handle
+from core.native.runtime import native_handle
 from sample_models.hf_zoo import gpt2_default
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-identical on 1 thread

@@ -21,11 +21,11 @@ from helpers import SEED_BYTES, free_port, gloo_worker
 from torch.distributed.device_mesh import init_device_mesh
 
 import core
+from core.native.runtime import native_handle
 from core.parallel.apply import _apply_rank_plan
 from core.parallel.measure import RankTracker, rank_tensors
 from core.parallel.search import _output_bytes
 from core.parallel.sharding import find_pairs
-from core.runtime.native import native_handle
 from sample_models import build
 
 

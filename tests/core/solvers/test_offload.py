@@ -23,7 +23,7 @@ from core.costs import DEVICES, host_link, measure_link
 from core.errors import InfeasibleBudget, PlanFileError
 from core.frontier import minimum_budget
 from core.plan import Plan, SavedPlan
-from core.runtime import PlannedModule
+from core.runtime.module import PlannedModule
 from core.schedule import store_all_plan
 from core.simulator import (
     FREE,

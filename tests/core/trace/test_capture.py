@@ -8,8 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import core
 from core.errors import UnsupportedModel
-from core.lowering import lower
 from core.memory import StorageTracker, step_tensors
+from core.native.lowering import lower
 from core.schedule import store_all_plan
 from sample_models import REGISTRY, names
 

@@ -5,7 +5,7 @@ Native execution (`apply_plan(..., runtime="native")`) runs a plan as selective 
 the model's layers and on stretches of the forward between them (`core.native.stretch`;
 for this method's plans a layer may be cut into stretches), so its peak and time are the
 native simulation's
-(`core.lowering.Lowering.prediction`), not the plan's program's. This method searches
+(`core.native.lowering.Lowering.prediction`), not the plan's program's. This method searches
 Rockmate's plans over interpreter budgets from store-all's peak and from `budget` down to
 Rockmate's minimum and keeps the one whose NATIVE peak fits `budget` at the least native
 time (a lower interpreter budget can mean a higher native peak: native recomputes a layer
@@ -16,10 +16,11 @@ execution leaves out of it (repeated forwards, blocks that are no submodule).
 from __future__ import annotations
 
 from core.errors import InfeasibleBudget, fmt_bytes
-from core.lowering import Lowering, lower
+from core.native.lowering import Lowering, lower
 from core.plan import Plan
 from core.problem import Problem
-from core.solvers import checkpoint_blocks, rockmate
+from core.solvers.checkpoint_blocks import solve as checkpoint_all
+from core.solvers.rockmate import solve as rockmate
 
 STEPS = 12  # interpreter budgets tried between a top budget and Rockmate's minimum
 
@@ -31,7 +32,7 @@ def solve(problem: Problem, budget: int) -> Plan:
     InfeasibleBudget when none fits, with the least native peak of the second search (the
     same for every budget, so asking for it finds a plan)."""
     try:
-        floor = rockmate.solve(problem, 1).predicted_peak
+        floor = rockmate(problem, 1).predicted_peak
     except InfeasibleBudget as e:
         floor = e.minimum
     fixed = _grid(problem.store_all_peak, floor)  # the same for every budget
@@ -40,9 +41,9 @@ def solve(problem: Problem, budget: int) -> Plan:
     for asked in [None, *sorted(fixed | _grid(budget, floor), reverse=True)]:
         try:
             plan = (
-                rockmate.solve(problem, asked)
+                rockmate(problem, asked)
                 if asked is not None  # None: every block checkpointed, nothing kept inside
-                else checkpoint_blocks.solve(problem, problem.store_all_peak)
+                else checkpoint_all(problem, problem.store_all_peak)
             )
         except InfeasibleBudget:
             continue

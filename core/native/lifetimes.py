@@ -14,7 +14,6 @@ Llama's layers get `position_ids` and never read it), so the probe records those
 
 from __future__ import annotations
 
-import operator
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,13 +25,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from core.native.match import align, traced_as
 from core.trace.call import fake_call
 from core.trace.eager_branches import eager_branches
 from core.trace.nodes import Trace
 
-# make_fx records `lift_fresh` as `lift_fresh_copy` (torch/fx/experimental/proxy_tensor.py)
-_WINDOW = 64  # probe ops a traced node may be ahead of its match (metadata queries)
-_TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 Made = tuple[int, int]  # a storage: the op (or traced node) that made it, its output's place
 
 
@@ -52,7 +49,7 @@ class _Deaths(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         k = len(self.ops)
-        self.ops.append(_TRACED_AS.get(func, func))
+        self.ops.append(traced_as(func))
         tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         for i, t in enumerate(tensors):
             storage = t.untyped_storage()
@@ -123,7 +120,7 @@ def python_lifetimes(
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
-    matched = _align(trace, deaths.ops)
+    matched = align(trace, deaths.ops)
     at: list[int] = []  # probe op -> last traced node matched at or before it
     last = -1
     node_of = dict(matched)
@@ -140,22 +137,3 @@ def python_lifetimes(
         for name, made in deaths.passed.items()
     }
     return Lifetimes(died, passed)
-
-
-def _align(trace: Trace, ops: list[Any]) -> list[tuple[int, int]]:
-    """(probe op, traced forward node) pairs running the same ATen op, in order: each traced
-    node matched to the next probe op with its target (the probe runs ops the trace does not
-    record, such as fake-tensor metadata queries)."""
-    pairs: list[tuple[int, int]] = []
-    k = 0
-    for n in trace.nodes:
-        if n.role != "op" or n.module is None or n.target is operator.getitem:
-            continue
-        j, end = k, min(len(ops), k + _WINDOW)
-        while j < end and ops[j] != n.target:
-            j += 1
-        if j == end:
-            continue  # recorded by the trace only (autograd's detach of a saved value)
-        pairs.append((j, n.index))
-        k = j + 1
-    return pairs

@@ -1,11 +1,11 @@
 """A plan lowered to native execution: which layers run under non-reentrant checkpoint with
 which selective policy, what native execution cannot express (notes), and the native step's
-own prediction (`core.simulator.native`), before anything is applied.
+own prediction (`core.native.simulate`), before anything is applied.
 
 A block of the plan's chain whose forward is exactly one submodule's forward (a layer, e.g.
 `transformer.h.3`) and where the plan recomputes something becomes a `Region`: the ATen ops
 its policy will see, in order, and for each whether its result is saved (MUST_SAVE: the
-plan keeps it through the forward) or recomputed. `core.runtime.native` installs them.
+plan keeps it through the forward) or recomputed. `core.native.runtime` installs them.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 
 from core.graph import Graph
 from core.native.boundaries import forward_nodes
+from core.native.lifetimes import python_lifetimes
+from core.native.simulate import Checkpointed, native_program
 from core.native.stretch import Stretch, covers, save_mask
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
 from core.simulator import OFFLOAD
-from core.simulator.native import Checkpointed, native_program
-from core.trace.lifetimes import python_lifetimes
 from core.trace.module_state import ModuleState
 
 
@@ -51,7 +51,7 @@ class Lowering:
     prediction: Prediction  # the native step's peak and time, simulated (not the plan's)
     recomputed_ops: int  # op runs the checkpoints' recomputes add
     # values moved to the host through saved-tensor hooks: value -> the traced forward node
-    # that makes its storage (`core.runtime.native_offload` finds it as that node runs)
+    # that makes its storage (`core.native.offload` finds it as that node runs)
     offloads: tuple[tuple[int, int], ...] = ()
     # regions that are stretches of a parent's forward (`core.native.stretch`)
     stretches: tuple[Stretch, ...] = ()
@@ -212,7 +212,7 @@ def _read_inside(graph: Graph, v: int, inside: set[int]) -> bool:
 
 @dataclass(frozen=True)
 class PythonHeld:
-    """What the model's Python code holds, in graph values (`core.trace.lifetimes`):
+    """What the model's Python code holds, in graph values (`core.native.lifetimes`):
     `dropped` maps a forward value to the forward op after which Python drops it; `passed`
     maps a submodule to the values it is called with."""
 

@@ -22,7 +22,7 @@ twice (Rotor's repeated forwards) recomputes it once; checkpoint recomputes a re
 first saved value is unpacked, up to the last one needed (early stop), not op by op as the
 plan's program does, so the measured peak differs from the plan's prediction (see
 docs/native.md). A plan's offloads outside the checkpointed layers run as saved-tensor hooks
-(`core.runtime.native_offload`).
+(`core.native.offload`).
 """
 
 from __future__ import annotations
@@ -41,19 +41,17 @@ from torch.utils.checkpoint import (
 )
 
 from core.errors import PlanMismatch
-from core.lowering import Lowering, Region, lower
+from core.native.kv_cache import kv_cache_guard
+from core.native.lowering import Lowering, Region, lower
+from core.native.match import traced_as
+from core.native.offload import NativeOffload
 from core.native.replay import Stretches
 from core.native.stretch import Stretch
 from core.plan import Plan, Prediction
-from core.runtime.kv_cache import kv_cache_guard
-from core.runtime.native_offload import NativeOffload
 from core.trace.eager_branches import SCALAR_READS
 from core.trace.module_state import Watch
 
 _SAVE, _RECOMPUTE = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
-# make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
-# (torch/fx/experimental/proxy_tensor.py): eager dispatch shows the former
-_TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 _MARK = "_remat_native"  # attribute on the model: the installed lowering (to remove it)
 _UNTRACED = [0]  # depth of `untraced_ops` contexts now open
 
@@ -86,7 +84,7 @@ class _Policy:
         if torch.compiler.is_compiling():
             return self._traced(op)
         region, n = self.region, self.calls
-        if n >= len(region.ops) or region.ops[n] != _TRACED_AS.get(op, op):
+        if n >= len(region.ops) or region.ops[n] != traced_as(op):
             want = str(region.ops[n]) if n < len(region.ops) else "the end of the block"
             raise PlanMismatch(
                 f"{region.module}: op {n} of the block runs {op}, the trace has {want}: the "
@@ -106,7 +104,7 @@ class _Policy:
             return _SAVE
         k = self.per_op.get(op, 0)
         self.per_op[op] = k + 1
-        same = [i for i, o in enumerate(self.region.ops) if o == _TRACED_AS.get(op, op)]
+        same = [i for i, o in enumerate(self.region.ops) if o == traced_as(op)]
         return _SAVE if k < len(same) and self.region.save[same[k]] else _RECOMPUTE
 
     def check_done(self) -> None:
@@ -230,7 +228,7 @@ class NativeHandle:
 
     @property
     def prediction(self) -> Prediction:
-        """The native step's simulated peak and time (`core.simulator.native`)."""
+        """The native step's simulated peak and time (`core.native.simulate`)."""
         return self.lowering.prediction
 
     def remove(self) -> None:
@@ -308,7 +306,7 @@ def apply_native(
     if native_handle(model) is not None:
         raise PlanMismatch(
             "a plan is already applied natively to this model: remove it first "
-            "(core.runtime.native.native_handle(model).remove())"
+            "(core.native_handle(model).remove())"
         )
     NativeHandle(model, plan, lower(plan))
     if with_loss:

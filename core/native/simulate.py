@@ -30,7 +30,7 @@ it multiplies). Gradients summed as the engine hands a node's outputs to the nex
 (a stale call) are part of that node's call, except a sum into a parameter's `.grad`,
 which AccumulateGrad runs as a call of its own.
 
-Offloads (saved-tensor hooks, `core.runtime.native_offload`): an offloaded value is packed
+Offloads (saved-tensor hooks, `core.native.offload`): an offloaded value is packed
 to the host when autograd saves it, so only Python holds its device storage; each node
 call that reads it copies it back first into a fresh device storage.
 """
@@ -121,7 +121,7 @@ def native_program(
 ) -> NativeProgram:
     """The native program of `graph` with `regions` checkpointed (the rules above).
     `dropped`: forward value -> the forward op after which the model's Python code drops it
-    (`core.trace.lifetimes`); a value missing is dropped after its last forward read.
+    (`core.native.lifetimes`); a value missing is dropped after its last forward read.
     `offloaded`: values made and read outside every region that saved-tensor hooks move to
     the host, their copies timed over `link` (untimed without one). `copied_back(call, v)`:
     the bytes of `v` a node call copies back (0: its node saved `v` unpacked), for hooks

@@ -16,7 +16,7 @@ forward ops in step with eager's (ops the trace lacks, such as checkpoint's empt
 placeholders, are passed over: same op and output shapes, or not the traced node) and
 notes the storage each offloaded value's node makes. Inside a checkpointed layer
 checkpoint's own hooks pack the saved tensors, so only values made and read outside every
-region are offloaded (`core.lowering`).
+region are offloaded (`core.native.lowering`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
-from core.lowering import Lowering
 from core.memory import pool_bytes, storage_bytes
+from core.native.lowering import Lowering
+from core.native.match import traced_as
 from core.plan import Plan
 from core.runtime.transfers import HostLane, lane_for
-
-# make_fx records `lift_fresh` as `lift_fresh_copy` (torch/fx/experimental/proxy_tensor.py)
-_TRACED_AS = {torch.ops.aten.lift_fresh.default: torch.ops.aten.lift_fresh_copy.default}
 
 
 class _Finder(TorchDispatchMode):
@@ -57,10 +55,7 @@ class _Finder(TorchDispatchMode):
             return out
         target, shapes, value = self.expected[self.next]
         tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if (
-            _TRACED_AS.get(func, func) == target
-            and tuple(tuple(t.shape) for t in tensors) == shapes
-        ):
+        if traced_as(func) == target and tuple(tuple(t.shape) for t in tensors) == shapes:
             self.next += 1
             if value >= 0:
                 storage = tensors[0].untyped_storage()
