@@ -359,8 +359,9 @@ def _traced(
         "the chunked head needs a linear (F.linear, nn.Linear) whose output, or a view of it "
         "keeping the last dim, feeds only F.cross_entropy (or F.linear_cross_entropy) over "
         "that dim: 2-d logits, class-index targets, mean or sum, no class weights or label "
-        "smoothing, no autocast, more rows than one chunk; return only the loss (a loss_fn "
-        "keeping the logits out of the output), or use loss_head='auto' or 'plain'",
+        "smoothing, in float32 or from a bfloat16 head to a float32 loss, more rows than one "
+        "chunk; return only the loss (a loss_fn keeping the logits out of the output), or use "
+        "loss_head='auto' or 'plain'",
     )
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 import core
 from core.errors import UnsupportedModel
+from core.memory import StorageTracker, step_tensors
 from core.trace.loss_head import LossHead, LossHeadMode, chunked_head
 from sample_models.gpt import GPT, GPTConfig
 
@@ -188,7 +189,7 @@ def test_the_mode_passes_other_code_through():
         LossHead("chunked", 0)
 
 
-def _hf_llama(vocab: int = 512) -> torch.nn.Module:
+def _hf_llama(vocab: int = 512, layers: int = 1) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -196,31 +197,214 @@ def _hf_llama(vocab: int = 512) -> torch.nn.Module:
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
     )
     return LlamaForCausalLM(cfg).train()
 
 
+def upcast_loss(out, y):
+    """The loss outside the model, as bf16 recipes write it: the logits upcast to fp32."""
+    return F.cross_entropy(out.logits.float().flatten(0, 1), y.flatten())
+
+
+def bf16_loss(out, y):
+    """The loss outside the model on the logits as they come (bf16 in a bf16 model)."""
+    return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+
+def hf_call(model: nn.Module, loss: str, vocab: int, tokens: int = 128) -> tuple:
+    """(args, kwargs, loss_fn, targets) of a step on 2 x `tokens` tokens: the loss outside
+    (`upcast_loss`) or Hugging Face's own (`labels=`, `loss_fn=lambda out: out.loss`)."""
+    g = torch.Generator().manual_seed(1)
+    ids, y = (torch.randint(0, vocab, (2, tokens), generator=g) for _ in range(2))
+    ids[1, :7] = 3  # a few repeated tokens; HF's shift ignores each sequence's last label
+    if loss == "outside":
+        return (ids,), {"use_cache": False}, upcast_loss, (y,)
+    return (ids,), {"use_cache": False, "labels": ids}, lambda out: out.loss, ()
+
+
+@pytest.fixture
+def one_thread():
+    """Bit-identity below the head is held on 1 thread, as in test_mixed_precision.py."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+BF16 = {  # how the head runs in bf16: under autocast (fp32 weights), or a bf16 model
+    "autocast": (torch.float32, lambda: torch.autocast("cpu", torch.bfloat16)),
+    "bf16-model": (torch.bfloat16, contextlib.nullcontext),
+}
+
+
+def bf16_step(model: nn.Module, call: tuple, precision: str, head: LossHead | None):
+    """One eager step as `precision` runs it (the backward after the autocast block),
+    the LM head as `head` says: (loss, grads, the mode's heads)."""
+    args, kwargs, loss_fn, targets = call
+    model.zero_grad(set_to_none=True)
+    with BF16[precision][1](), chunked_head(head or LossHead()) as mode:
+        loss = loss_fn(model(*args, **kwargs), *targets)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, mode.found
+
+
+def assert_one_rounding_apart(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The bf16 contract for a gradient summed in fp32 and rounded once to bf16 (docs/floor.md):
+    two fp32 sums differing by summation order round to the same bf16 value or to neighbours,
+    so every entry is within one bf16 ulp of eager's and few differ (rounding each chunk's
+    product to bf16 makes half the entries differ, up to thousands of ulps)."""
+    got, want = got.float(), want.float()
+    big = torch.maximum(got.abs(), want.abs())
+    ulp = torch.ldexp(torch.ones_like(big), torch.frexp(big).exponent - 8)  # bf16: 8 bits
+    diff = (got - want).abs()
+    assert bool((diff <= ulp).all()), f"{(diff / ulp).max().item()} bf16 ulps apart"
+    assert (diff > 0).sum().item() <= 1e-3 * diff.numel(), f"{(diff > 0).sum().item()} differ"
+
+
+def test_the_bf16_bound_tells_summation_order_from_rounding():
+    """The bound above fails a weight gradient rounded to bf16 chunk by chunk (eager's single
+    bf16 matmul against four), and holds for the chunked head's fp32 sum rounded once."""
+    torch.manual_seed(0)
+    x, g = torch.randn(256, 64).bfloat16(), (torch.randn(256, 1024) * 1e-3).bfloat16()
+    want = torch.mm(x.t(), g)
+    chunks = [(x[i : i + 64].t(), g[i : i + 64]) for i in range(0, 256, 64)]
+    rounded = sum(torch.mm(a, b) for a, b in chunks)
+    once = sum(torch.mm(a.float(), b.float()) for a, b in chunks).bfloat16()
+    with pytest.raises(AssertionError, match="ulps apart"):
+        assert_one_rounding_apart(rounded, want)
+    assert_one_rounding_apart(once, want)
+
+
+class BiasHead(nn.Module):
+    """A head with a bias, its logits upcast before the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(16, 16), nn.Linear(16, 300, bias=True)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(torch.tanh(self.body(x))).float(), y)
+
+
+@pytest.mark.parametrize("loss", ["outside", "inside", "bias"])
+@pytest.mark.parametrize("precision", sorted(BF16))
+def test_a_bf16_head_chunked_keeps_the_contract(precision, loss, one_thread):
+    """docs/floor.md's contract on a bf16 head whose loss runs in fp32: every gradient below
+    the head bit-identical to the plain step's; the head's weight (and bias) gradient one
+    rounding apart; the loss summation order apart."""
+    dtype = BF16[precision][0]
+    if loss == "bias":
+        torch.manual_seed(0)
+        model: nn.Module = BiasHead().to(dtype)
+        call: tuple = ((torch.randn(256, 16, dtype=dtype), torch.randint(0, 300, (256,))), {})
+        call += (lambda out: out, ())
+    else:
+        model = _hf_llama().to(dtype)
+        call = hf_call(model, loss, 512)
+    plain_loss, plain, _ = bf16_step(model, call, precision, None)
+    for rows in (64, 48):
+        got_loss, got, found = bf16_step(model, call, precision, LossHead("chunked", rows))
+        assert [h.chunk_rows for h in found] == [rows]
+        assert (got_loss - plain_loss).abs().item() <= 1e-6
+        head = {"lm_head.weight", "head.weight", "head.bias"}
+        for name, g in plain.items():
+            assert got[name].dtype == g.dtype == dtype
+            if name in head:
+                assert_one_rounding_apart(got[name], g)
+            else:
+                assert torch.equal(got[name], g), (rows, name)
+
+
+@pytest.mark.parametrize("precision, loss", [("autocast", "outside"), ("bf16-model", "inside")])
+def test_bf16_chunked_plans_equal_the_eager_chunked_step(precision, loss, one_thread):
+    """Plans of the chunked bf16 step, recomputing or not, equal `chunked_head()`'s eager
+    step under the same precision bit for bit, at measured = predicted + 4 B."""
+    dtype, context = BF16[precision]
+    model = _hf_llama().to(dtype)
+    call = hf_call(model, loss, 512)
+    with context():
+        chunked = core.analyze(model, *call, loss_head="chunked")
+    labels = [op.label for op in chunked.graph.ops]
+    assert labels.count("aten.nll_loss_forward") == 4  # 256 rows in chunks of 64
+    assert chunked.floor.label != "aten._log_softmax_backward_data"
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    want_loss, want, _ = bf16_step(model, call, precision, LossHead("chunked"))
+    args, kwargs, _, targets = call
+    for method in ("store_all", "checkpoint_blocks"):
+        plan = core.solve(chunked, 1.0, method=method)
+        assert (plan.recomputed_ops > 0) == (method == "checkpoint_blocks")
+        model.load_state_dict(state)
+        model.zero_grad(set_to_none=True)
+        run = core.apply_plan(model, plan)
+        given = [t for t in (*args, *kwargs.values(), *targets) if torch.is_tensor(t)]
+        with StorageTracker(step_tensors(model, given)) as tracker:
+            with context():
+                got = run(*args, **kwargs, **({"targets": targets} if targets else {}))
+            got.backward()
+        assert tracker.peak == plan.predicted_peak + SEED_BYTES, method
+        assert torch.equal(got.detach(), want_loss)
+        for name, g in want.items():
+            assert torch.equal(model.get_parameter(name).grad, g), (method, name)
+
+
+@pytest.mark.slow
+def test_the_chunked_head_lowers_a_bf16_llamas_floor(one_thread):
+    """The issue's must-show: a bf16 HF Llama (hidden 64, 4 heads, 2 layers, vocabulary
+    32,000) at 2 x 128 tokens, loss outside with the upcast under autocast, and `labels=`
+    inside a bf16 model: the floor falls 4x (docs/floor.md), and a plan at a budget below
+    the plain step's floor runs, equal to the eager chunked step."""
+    for precision, loss in (("autocast", "outside"), ("bf16-model", "inside")):
+        dtype, context = BF16[precision]
+        model = _hf_llama(32_000, layers=2).to(dtype)
+        call = hf_call(model, loss, 32_000)
+        with context():
+            plain = core.analyze(model, *call)
+            chunked = core.analyze(model, *call, loss_head="chunked")
+        assert plain.floor.label == "aten._log_softmax_backward_data"
+        assert chunked.floor.nbytes * 3.9 < plain.floor.nbytes, (precision, loss)
+        plan = core.solve(chunked, plain.floor.nbytes - 1)
+        want_loss, want, _ = bf16_step(model, call, precision, LossHead("chunked"))
+        args, kwargs, _, targets = call
+        model.zero_grad(set_to_none=True)
+        given = [t for t in (*args, *kwargs.values(), *targets) if torch.is_tensor(t)]
+        with StorageTracker(step_tensors(model, given)) as tracker:
+            with context():
+                got = core.apply_plan(model, plan)(
+                    *args, **kwargs, **({"targets": targets} if targets else {})
+                )
+            got.backward()
+        assert tracker.peak == plan.predicted_peak + SEED_BYTES
+        assert tracker.peak < plain.floor.nbytes
+        assert torch.equal(got.detach(), want_loss)
+        for name, g in want.items():
+            assert torch.equal(model.get_parameter(name).grad, g), name
+
+
 def test_a_head_left_plain_is_refused_naming_why():
-    """The issue's two cases: a bf16 model whose loss upcasts the logits, and a batch whose
-    rows fit one chunk. Each refusal names its reason, not 'no LM-head loss'."""
+    """Each refusal names its reason, not 'no LM-head loss': a batch whose rows fit one
+    chunk, a bf16 loss (no upcast), a float16 head, a downcast of the logits."""
     model = _hf_llama()
-    ids, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
-
-    def loss(out, y):
-        return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
-
-    def upcast(out, y):
-        return F.cross_entropy(out.logits.float().flatten(0, 1), y.flatten())
-
     kw = {"use_cache": False}
+    ids, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
     with pytest.raises(core.UnsupportedModel, match=r"64 rows, which fit in one chunk of 64"):
-        core.analyze(model, (ids,), kw, loss_fn=loss, targets=(y,), loss_head="chunked")
-    model = model.to(torch.bfloat16)
+        core.analyze(model, (ids,), kw, loss_fn=bf16_loss, targets=(y,), loss_head="chunked")
     ids, y = torch.randint(0, 512, (2, 64)), torch.randint(0, 512, (2, 64))
-    with pytest.raises(core.UnsupportedModel, match=r"cast from bfloat16 to float32 between"):
-        core.analyze(model, (ids,), kw, loss_fn=upcast, targets=(y,), loss_head="chunked")
-    plain = core.analyze(model, (ids,), kw, loss_fn=upcast, targets=(y,), loss_head="auto")
+
+    def downcast(out, y):
+        return F.cross_entropy(out.logits.bfloat16().float().flatten(0, 1), y.flatten())
+
+    with pytest.raises(core.UnsupportedModel, match=r"cast from float32 to bfloat16 between"):
+        core.analyze(model, (ids,), kw, loss_fn=downcast, targets=(y,), loss_head="chunked")
+    with (
+        torch.autocast("cpu", torch.float16),
+        pytest.raises(core.UnsupportedModel, match=r"runs in float16 and its loss in float32"),
+    ):  # autocast's own upcast at the cross-entropy
+        core.analyze(model, (ids,), kw, loss_fn=bf16_loss, targets=(y,), loss_head="chunked")
+    model = model.to(torch.bfloat16)
+    with pytest.raises(core.UnsupportedModel, match=r"the loss runs in bfloat16: each chunk"):
+        core.analyze(model, (ids,), kw, loss_fn=bf16_loss, targets=(y,), loss_head="chunked")
+    plain = core.analyze(model, (ids,), kw, loss_fn=bf16_loss, targets=(y,), loss_head="auto")
     assert plain.loss_head.kind == "plain"
