@@ -40,6 +40,7 @@ __all__ = [
     "add",
     "arch_options",
     "default_seq",
+    "is_architecture",
     "missing",
     "model_options",
 ]
@@ -70,16 +71,16 @@ def add(studio: Studio, name: object, batch: object, seq: object) -> str:
     return value
 
 
-def model_options(studio: Studio) -> list[dict]:
-    """The model menu's choices: the sample models and `--model`s by name, the architectures
-    added from the menu in words ("Llama 3 8B · 1 × 8192 tokens")."""
-    out = []
-    for value in studio.builders:
-        try:
-            name, batch, seq = parse_menu_name(value)
-        except KeyError:
-            out.append({"label": value, "value": value})
-            continue
-        label = f"{ARCHITECTURES[name].title} · {batch} × {seq} tokens"
-        out.append({"label": label, "value": value})
-    return out
+def model_options(studio: Studio) -> list[str]:
+    """The model menu's choices: the sample models, the `--model`s and the architectures added
+    from the menu, by name ("llama3-8b 1x8192"; the page's watcher reads the name shown)."""
+    return list(studio.builders)
+
+
+def is_architecture(model: str) -> bool:
+    """Whether `model` (a model menu's name) is an architecture added from the menu."""
+    try:
+        parse_menu_name(model)
+    except KeyError:
+        return False
+    return True

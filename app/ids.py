@@ -24,6 +24,7 @@ ARCH_DEVICE = "arch-device"
 ARCH_PLAN = "arch-plan"
 ARCH_NOTE = "arch-note"  # the chosen architecture's published numbers
 ARCH_ERROR = "arch-error"  # a shape out of range, or transformers missing
+ARCH_FIT = "arch-fit"  # will it fit, in words, when the plan on screen is the menu's (a view)
 
 # background work
 PROGRESS = "progress"

@@ -219,7 +219,7 @@ def _architecture_row() -> html.Div:
     length, the GPU to plan for; "plan" adds it to the model menu and analyses it."""
     why = missing()
     return html.Div(
-        className="controls card arch-menu",
+        className="card arch-menu",
         children=[
             html.Label(
                 [
@@ -278,6 +278,7 @@ def _architecture_row() -> html.Div:
             html.Div(
                 why, id=ids.ARCH_ERROR, className="message warn", role="alert", hidden=not why
             ),
+            html.P(id=ids.ARCH_FIT, className="view arch-fit", **fresh()),
         ],
     )
 

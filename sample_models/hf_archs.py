@@ -31,6 +31,13 @@ class Architecture:
     params: int  # its parameter count, as built (tests/app/test_app_architectures.py checks)
 
     @property
+    def size_words(self) -> str:
+        """Its parameter count in words: "8.03 B parameters", "124 M parameters"."""
+        if self.params >= 10**9:
+            return f"{self.params / 1e9:.2f} B parameters"
+        return f"{self.params / 1e6:.0f} M parameters"
+
+    @property
     def layers(self) -> int:
         """Its repeated layers (config's num_hidden_layers or n_layer)."""
         return int(self.config.get("num_hidden_layers", self.config.get("n_layer", 0)))
@@ -259,8 +266,8 @@ def describe(value: str) -> str:
     arch = ARCHITECTURES[name]
     dtype = str(arch.dtype).removeprefix("torch.")
     return (
-        f"{arch.title} at its published size: {arch.source}'s config, {arch.params / 1e9:.2f} B "
-        f"parameters in {dtype}, built on the meta device; batch {batch} x {seq} tokens"
+        f"{arch.title} at its published size: {arch.source}'s config, {arch.size_words} in "
+        f"{dtype}, built on the meta device; batch {batch} x {seq} tokens"
     )
 
 

@@ -63,8 +63,8 @@ def register(app: Dash, studio: Studio) -> None:
         dtype = str(arch.dtype).removeprefix("torch.")
         return (
             (
-                f"{arch.source}'s config: {arch.layers} layers, {arch.params / 1e9:.2f} B "
-                f"parameters in {dtype}; sequences up to {arch.max_seq:,} tokens"
+                f"{arch.source}'s config: {arch.layers} layers, {arch.size_words} in {dtype}; "
+                f"sequences up to {arch.max_seq:,} tokens"
             ),
             arch.max_seq,
             default_seq(name),

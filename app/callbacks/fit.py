@@ -10,6 +10,7 @@ from typing import Any
 from dash import Dash, Input, Output
 
 from app import ids
+from app.architectures import is_architecture
 from app.callbacks.memory import plan_view
 from app.figures.fit import fit_figure
 from app.state import METHOD_LABELS, Studio
@@ -21,6 +22,8 @@ def register(app: Dash, studio: Studio) -> None:
     @app.callback(
         Output(ids.FIT, "figure"),
         Output(ids.FIT_TEXT, "children"),
+        Output(ids.ARCH_FIT, "children"),
+        Output(ids.ARCH_FIT, "data-for"),
         Input(ids.PLAN, "data"),
         prevent_initial_call=True,
     )
@@ -39,8 +42,11 @@ def register(app: Dash, studio: Studio) -> None:
             said.append(fit_words(rows, f"{label} at {pct:.0f}%", device, problem.attention))
             return fit_figure(rows, device_words(device))
 
-        figure = plan_view(studio, plan_ref, draw)
-        return figure, " ".join(said)
+        figure = plan_view(studio, plan_ref, draw)  # no plan on screen: no update
+        words = " ".join(said)
+        # the same answer beside the architectures menu, when the plan is one of its models
+        menu = words if is_architecture((plan_ref.get("key") or "").split("|")[0]) else ""
+        return figure, words, menu, plan_ref["for"]
 
 
 def fit_words(rows: Sequence[tuple[str, Any]], plan_label: str, device: str, attention: str) -> str:
