@@ -216,11 +216,12 @@ def bf16_loss(out, y):
 
 def hf_call(model: nn.Module, loss: str, vocab: int, tokens: int = 128) -> tuple:
     """(args, kwargs, loss_fn, targets) of a step on 2 x `tokens` tokens: the loss outside
-    (`upcast_loss`) or Hugging Face's own (`labels=`, `loss_fn=lambda out: out.loss`)."""
+    (`upcast_loss`; "as-is": `bf16_loss`, which autocast upcasts) or Hugging Face's own
+    (`labels=`, `loss_fn=lambda out: out.loss`)."""
     g = torch.Generator().manual_seed(1)
     ids, y = (torch.randint(0, vocab, (2, tokens), generator=g) for _ in range(2))
-    if loss == "outside":
-        return (ids,), {"use_cache": False}, upcast_loss, (y,)
+    if loss in ("outside", "as-is"):
+        return (ids,), {"use_cache": False}, upcast_loss if loss == "outside" else bf16_loss, (y,)
     return (ids,), {"use_cache": False, "labels": ids}, lambda out: out.loss, ()
 
 
@@ -317,8 +318,11 @@ class BiasHead(nn.Module):
         return F.cross_entropy(self.head(torch.tanh(self.body(x))).float(), y)
 
 
-@pytest.mark.parametrize("loss", ["outside", "inside", "bias"])
-@pytest.mark.parametrize("precision", sorted(BF16))
+@pytest.mark.parametrize(
+    "precision, loss",
+    [(p, loss) for p in sorted(BF16) for loss in ("outside", "inside", "bias")]
+    + [("autocast", "as-is")],
+)
 def test_a_bf16_head_chunked_keeps_the_contract(precision, loss, one_thread):
     """docs/floor.md's contract, with 64 and 48 rows per chunk (`assert_chunked_contract`)."""
     dtype = BF16[precision][0]
