@@ -98,6 +98,18 @@ def test_will_it_fit_says_each_total_against_the_device_and_the_kernel_assumed()
     assert fit_words([("p", ours), ("o", ours)], "x", "cpu", "").startswith("On this machine (")
 
 
+def test_the_batch_chart_keeps_the_analysis_on_screen_as_one_of_its_batch_sizes():
+    """Memory against batch traces each batch size; the one the page analysed (gpt-tiny's 4,
+    op times estimated, no step switch) is that analysis, not a second trace."""
+    from app.callbacks.batch import batch_probe
+
+    studio = Studio()
+    key = studio.key("gpt-tiny", "estimated", "h100")
+    probe = batch_probe(studio, key)
+    assert probe.problems == {4: studio.problem(key)}
+    assert batch_probe(studio, studio.key("gpt-tiny", "measured", "cpu")).problems == {}
+
+
 def find(component, id_: str):
     """The component of a Dash layout with id `id_`."""
     if getattr(component, "id", None) == id_:
