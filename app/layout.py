@@ -240,6 +240,7 @@ def _architecture_row() -> html.Div:
                     dcc.Input(
                         id=ids.ARCH_BATCH,
                         type="number",
+                        style={"width": "8em"},  # on Dash 4's wrapper: room for 6 digits
                         value=DEFAULT_BATCH,
                         min=1,
                         step=1,
@@ -253,6 +254,7 @@ def _architecture_row() -> html.Div:
                     dcc.Input(
                         id=ids.ARCH_SEQ,
                         type="number",
+                        style={"width": "8em"},  # on Dash 4's wrapper: room for 6 digits
                         value=default_seq(DEFAULT_ARCH),
                         min=MIN_SEQ,
                         step=1,
