@@ -88,8 +88,18 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     if (!want) { return; }
     const error = document.getElementById("error");
     const failed = !!(error && !error.hidden && error.getAttribute("data-for") === want.ctx);
-    const stale = [];
+    const stale = [], staleIds = new Set();
+    const near = DEFERRED.filter((id) => { const v = document.getElementById(id);
+      return v && !v.closest("[hidden]") && nearSight(v); });
     document.querySelectorAll(".view").forEach((v) => {
+      // What is not shown is not stale on screen: a hidden view (the transfer lane with
+      // offloading off), and a view far out of sight (more than a quarter of a window away; the
+      // server may leave such a view for later: DEFERRED below). Coming near, it is checked
+      // again, and asked for; while it is stale in sight the page is busy.
+      // (A view with its own busy sign keeps it wherever it is: it never dims the page.)
+      if (v.closest("[hidden]") || (!v.classList.contains("own-busy") && !nearSight(v))) {
+        return;
+      }
       const got = drawnFor(v);
       const expect = got.split("|").length === 5 ? want.plan : want.ctx;
       // a view drawn for a number of devices (data-devices) also follows that control
@@ -104,8 +114,9 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
           if (sign === null) { v.removeAttribute("data-refreshing"); }
           else { v.setAttribute("data-refreshing", sign); }
         }
-      } else if (old) { stale.push(NAMES[v.id] || v.id); }
+      } else if (old) { stale.push(NAMES[v.id] || v.id); staleIds.add(v.id); }
     });
+    lagBehind(want, staleIds, near);
     const body = document.body;
     const busy = stale.length > 0;
     if (busy !== body.hasAttribute("data-busy")) { body.toggleAttribute("data-busy", busy); }
@@ -113,6 +124,40 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     const what = document.querySelector("#progress .busy-what");
     const text = busy ? "updating " + stale.join(", ") + " for " + want.plan.split("|").join(" · ") : "";
     if (what && what.textContent !== text) { what.textContent = text; }
+  }
+  // The views a budget move may leave for later (app/callbacks/budget.py's DEFERRED): the
+  // server draws those in sight (within a quarter of a window) with the timeline, and lists the
+  // others in the numbers card's data-skipped. One of those stale in sight is asked for
+  // (data-lagging, "plan#ids"): until it comes the page is busy, as for any stale view.
+  // data-skipped is "plan#ids" too: the plan the views' request was for.
+  const DEFERRED = ["tensors", "transfers", "arena", "compare-a"];
+  let sentVisible = null, sentLagging = null, answered = null;
+  function nearSight(v) {
+    const margin = window.innerHeight / 4, r = v.getBoundingClientRect();
+    return r.height > 0 && r.bottom > -margin && r.top < window.innerHeight + margin;
+  }
+  function lagBehind(want, staleIds, near) {
+    const numbers = document.getElementById("numbers");
+    const dc = window.dash_clientside;
+    if (!numbers || !dc || !dc.set_props) { return; }
+    const visible = near.join(" ");
+    if (visible !== sentVisible) {
+      sentVisible = visible;
+      dc.set_props("numbers", {"data-visible": visible});
+    }
+    const planFor = numbers.getAttribute("data-for");
+    if (planFor !== answered) { answered = planFor; sentLagging = null; }  // a new answer
+    if (planFor !== want.plan) { return; }  // the slider's request is still out
+    const [skippedFor, skippedIds] = (numbers.getAttribute("data-skipped") || "").split("#");
+    if (skippedFor !== want.plan) { return; }  // the views' request is still out
+    const skipped = (skippedIds || "").split(" ");
+    const late = near.filter((id) => skipped.includes(id) &&
+      (staleIds.has(id) || (id === "compare-a" && staleIds.has("compare-b"))));
+    const lagging = late.length ? want.plan + "#" + late.join(" ") : "";
+    if (lagging && lagging !== sentLagging) {
+      sentLagging = lagging;
+      dc.set_props("numbers", {"data-lagging": lagging});
+    }
   }
   function frame() { check(); requestAnimationFrame(frame); }
   function start() {

@@ -3,9 +3,11 @@
 Two measures, each taken on one or two servers side by side (`roots`: this checkout, and for
 a before/after table an older checkout, e.g. one made with `git worktree add`):
 
-- a budget-slider release (a key press on the slider) to the timeline redrawn for the new
-  budget (plotly's afterplot, then the next animation frame), and to the page un-dimmed (the
-  watcher's `data-busy` off, the numbers drawn for the new budget), on each of `models`;
+- a budget-slider release (a key press on the slider, the page at its top) to the timeline
+  redrawn for the new budget (its figure's meta on an animation frame), and to the page
+  un-dimmed (the watcher's `data-busy` off, the numbers drawn for the new budget: every view
+  in sight drawn for it; views far below the fold are drawn as they come near), on each of
+  `models`;
 - a model switch to the first timeline drawn for the new model, and to the page un-dimmed.
 
 With two roots, the moves and switches alternate between the two pages (one browser, two
@@ -153,14 +155,16 @@ def bench_app(
     checkout's app ("after") and, with `before`, on that checkout's too, alternating.
 
     Returns {"slider": {version: {model: [(timeline_ms, undimmed_ms), ...]}},
-    "switch": {version: {model: (timeline_s, undimmed_s)}}}; `report` gets each
-    measurement in words as it is taken.
+    "switch": {version: {model: (timeline_s, undimmed_s)}}, "load": (before, after)}, the
+    load averages (1 min) at the start and the end: on a shared machine they say what the
+    numbers are worth. `report` gets each measurement in words as it is taken.
     """
     say = report or (lambda line: None)
     sync_playwright = _playwright()
     path = chromium or shutil.which("chromium") or "/usr/bin/chromium"
     roots = {"after": ROOT, **({"before": Path(before)} if before else {})}
     out: dict = {"slider": {v: {} for v in roots}, "switch": {v: {} for v in roots}}
+    start_load = os.getloadavg()[0]
     with ExitStack() as stack, sync_playwright() as p:
         urls = {v: stack.enter_context(served(root)) for v, root in roots.items()}
         browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
@@ -205,6 +209,7 @@ def bench_app(
                 )
                 say(f"{v} switch to {model}: {out['switch'][v][model]} s")
         browser.close()
+    out["load"] = (round(start_load, 1), round(os.getloadavg()[0], 1))
     return out
 
 
@@ -226,6 +231,11 @@ def app_table(result: dict) -> str:
                 f"| {model} | {v} | {statistics.median(tl):.0f} ms ({max(tl):.0f}) | "
                 f"{statistics.median(ud):.0f} ms ({max(ud):.0f}) |"
             )
+    if "load" in result:
+        lines.append(
+            f"\n{os.cpu_count()} cores; load average (1 min) {result['load'][0]} at the start, "
+            f"{result['load'][1]} at the end"
+        )
     switches = result["switch"]
     if any(switches.values()):
         versions = sorted(switches, reverse=True)

@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--app", action="store_true", help="app slider latency in a browser")
     parser.add_argument(
+        "--app-before",
+        metavar="CHECKOUT",
+        help="with --app: an older checkout (git worktree add) measured alongside, alternating",
+    )
+    parser.add_argument(
         "--validate",
         action="store_true",
         help="predicted against measured peaks, gradients and times of our plans "
@@ -92,7 +97,7 @@ def _run(args: argparse.Namespace, rest: list[str]) -> int:
     if args.app:
         from bench.app import app_table, bench_app
 
-        print(app_table(bench_app()))
+        print(app_table(bench_app(before=args.app_before, report=print)))
         return 0
     from bench.compare import main as bench_main
 

@@ -1,5 +1,6 @@
 """The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves and
-redraws the timeline and the numbers."""
+redraws every view of the plan in one request: the timeline, the numbers, the graph's
+colours, the step's words, the tensors, the transfer lane, the arena and the compare view."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from dash.exceptions import PreventUpdate
 import core
 from app import figures, ids
 from app.callbacks.common import blank, fmt, plain_error, plan_sig, stamp
+from app.callbacks.compare import COMPARED, compare_view
+from app.callbacks.graph import GRAPH_VIEW, graph_view
+from app.callbacks.memory import arena_view, tensors_view, transfers_view
 from app.explain import peak_hint
 from app.state import Studio
 
@@ -33,6 +37,30 @@ SOLVED = {
     "hint": Output(ids.BUDGET_HINT, "children"),
     "for": Output(ids.NUMBERS, "data-for"),
 }
+# Every other view of the plan, from the same request: one round trip from a release to all
+# of them drawn (a second request per view, chained on the PLAN store, cost a round trip and
+# a paint more). The views below the fold wait: those out of sight when the slider moves
+# (the page's `data-visible`, kept by assets/app.js) are left as they were and listed in
+# `data-skipped`; while one of them is stale in sight the page is dimmed and asks for it
+# (`data-lagging`, `catch_up`). Redrawing five charts nobody sees took a second of the
+# browser's time under load (`remat bench --app`, docs/app.md).
+DEFERRED = (ids.TENSORS, ids.TRANSFERS, ids.ARENA, ids.COMPARE_A)  # compare-a: both panels
+LATER = {
+    "tensors": Output(ids.TENSORS, "figure", allow_duplicate=True),
+    "transfers": Output(ids.TRANSFERS, "figure", allow_duplicate=True),
+    "arena": Output(ids.ARENA, "figure", allow_duplicate=True),
+    **{f"compare_{k}": v for k, v in COMPARED.items()},
+}
+VIEWS = {
+    **{f"graph_{k}": v for k, v in GRAPH_VIEW.items()},
+    **LATER,
+    "skipped": Output(ids.NUMBERS, "data-skipped"),
+}
+VIEW_STATE = [
+    State(ids.COMPARE_METHOD, "value"),
+    State(ids.COMPARE_BUDGET, "value"),
+    State(ids.COMPARE_DIFF, "data-b"),
+]
 # The slider and the typed box follow each other in one callback (two would be a loop): a
 # typed budget sets the slider or says why not (`remat.typedBudget`, assets/app.js); a slider
 # move writes its value in the box and retires a refused typed budget's message.
@@ -57,15 +85,23 @@ FOLLOW_JS = """function (value, typed, context) {
 }""".replace("BOX", ids.BUDGET_INPUT)
 # The trade-off chart comes from its own job (`draw_curves`), after the first timeline: until
 # it has its budget line (shapes[0], `figures.budget_shape`) there is nothing to move.
-MARK_BUDGET_JS = """function (value, fig) {
-  const dc = window.dash_clientside;
-  if (value === null || value === undefined || !fig || !fig.layout || !fig.layout.shapes
-      || !fig.layout.shapes.length) { return dc.no_update; }
-  const patch = new dc.Patch();
-  patch.assign(["layout", "shapes", 0, "x0"], value);
-  patch.assign(["layout", "shapes", 0, "x1"], value);
-  return patch.build();
-}"""
+# It moves in the page's plotly chart itself once a plan's views are drawn (the numbers'
+# data-for changed) and the browser is idle: through the figure prop, plotly redrew the whole
+# chart (100-130 ms under load) before the slider's request even left, and a relayout still
+# costs 200-300 ms under load (dcc.Graph replots on its event). The figure the server sends
+# next carries the budget it was drawn at.
+MARK_BUDGET_JS = """function (drawn) {
+  const gd = document.querySelector("#TRADEOFF .js-plotly-plot");
+  if (!drawn || !gd || !window.Plotly) { return; }
+  const move = () => {
+    const line = gd.layout && gd.layout.shapes && gd.layout.shapes[0];
+    const now = Number(drawn.split("|").pop());
+    if (line && Number.isFinite(now) && line.x0 !== now) {
+      window.Plotly.relayout(gd, {"shapes[0].x0": now, "shapes[0].x1": now});
+    }
+  };
+  (window.requestIdleCallback || setTimeout)(move, {timeout: 3000});
+}""".replace("TRADEOFF", ids.TRADEOFF)
 PLAN_NUMBERS = ("timeline", "peak", "overhead", "recomputed", "solve_time", "host", "native")
 
 
@@ -90,11 +126,45 @@ def register(app: Dash, studio: Studio) -> None:
             raise PreventUpdate
         return solved(studio, context, value, step)
 
+    @app.callback(
+        output=VIEWS,
+        inputs=[Input(ids.BUDGET, "value"), Input(ids.CONTEXT, "data")],
+        state=[State(ids.NUMBERS, "data-visible"), *VIEW_STATE],
+        prevent_initial_call=True,
+    )
+    def paint(value, context, visible, method_b, pct_b, b_shown):
+        """Beside `solve`, in a request of its own (so the timeline paints without waiting
+        for the graph's restyle): the graph's colours, the step's words and the views in
+        sight; the others listed as skipped ("plan signature#ids")."""
+        if not context or not context.get("key") or value is None:
+            raise PreventUpdate
+        ref = plan_ref(studio, context, value)
+        wanted = set(DEFERRED) if visible is None else set(visible.split())
+        views = plan_views(studio, ref, context, wanted, method_b, pct_b, b_shown)
+        graph = graph_view(studio, ref, None)
+        skipped = " ".join(v for v in DEFERRED if v not in wanted)
+        return {
+            **{f"graph_{k}": v for k, v in graph.items()},
+            **views,
+            "skipped": f"{ref['for']}#{skipped}",
+        }
+
+    @app.callback(
+        output=LATER,
+        inputs=[Input(ids.NUMBERS, "data-lagging")],
+        state=[State(ids.PLAN, "data"), State(ids.CONTEXT, "data"), *VIEW_STATE],
+        prevent_initial_call=True,
+    )
+    def catch_up(lagging, plan_ref, context, method_b, pct_b, b_shown):
+        """Views the slider's request left out of sight, now in sight: "plan signature#ids"."""
+        sig, _, wanted = (lagging or "").partition("#")
+        if not plan_ref or plan_ref.get("for") != sig or not context or not context.get("key"):
+            raise PreventUpdate
+        return plan_views(studio, plan_ref, context, set(wanted.split()), method_b, pct_b, b_shown)
+
     app.clientside_callback(  # the budget's line on the trade-off chart, once it is drawn
         MARK_BUDGET_JS,
-        Output(ids.TRADEOFF, "figure", allow_duplicate=True),
-        Input(ids.BUDGET, "value"),
-        State(ids.TRADEOFF, "figure"),
+        Input(ids.NUMBERS, "data-for"),  # no output: the chart is moved in place
         prevent_initial_call=True,
     )
 
@@ -158,21 +228,62 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
         "native": native_peak(studio, key, method, budget),
         "budget": label,
         "for": sig,
-        "plan": {
-            "for": sig,
-            "key": key,
-            "method": method,
-            "budget": budget,
-            "value": value,
-            "copies": len(sim.transfers),  # "next copy" is enabled only when there are some
-            "recomputes": plan.recomputed_ops,  # and "next recompute"
-            "steps": len(plan.program),  # play's ticks stop at the last (in the page)
-        },
+        "plan": plan_ref(studio, context, value),
         "error": "",
         "error_hidden": True,
         "step": None if step is not None else no_update,
         "hint": peak_hint(plan.timeline),
     }
+
+
+def plan_ref(studio: Studio, context: dict, value: float) -> dict[str, Any]:
+    """The PLAN store's value for a budget of `value`%: what names the plan (its controls,
+    analysis, method, bytes) and what the page's buttons need; only its controls when no
+    plan fits."""
+    key, peak = context["key"], context["peak"]
+    method = context.get("offload") or context["method"]
+    budget = int(value / 100 * peak)
+    sig = plan_sig(context["for"], value)
+    try:
+        plan = studio.plan(key, method, budget)
+    except Exception:  # `solved` says why, under the slider
+        return {"for": sig}
+    return {
+        "for": sig,
+        "key": key,
+        "method": method,
+        "budget": budget,
+        "value": value,
+        "copies": len(plan.simulate().transfers),  # "next copy" is enabled only with some
+        "recomputes": plan.recomputed_ops,  # and "next recompute"
+        "steps": len(plan.program),  # play's ticks stop at the last (in the page)
+    }
+
+
+def plan_views(
+    studio: Studio,
+    plan_ref: dict,
+    context: dict,
+    wanted: set[str],
+    method_b: str | None,
+    pct_b: float | None,
+    b_shown: str | None,
+) -> dict[str, Any]:
+    """`LATER`'s values for the plan `plan_ref` names (a blank "no plan" where none fits):
+    the `wanted` views (ids in `DEFERRED`), no_update for the others. The transfer lane is
+    drawn only with offloading on (hidden otherwise, which the page's watcher skips);
+    `b_shown`: what compare's B panel shows (`compare_view`)."""
+    out: dict[str, Any] = dict.fromkeys(LATER, no_update)
+    if ids.TENSORS in wanted:
+        out["tensors"] = tensors_view(studio, plan_ref)
+    if ids.TRANSFERS in wanted and context.get("offload"):
+        out["transfers"] = transfers_view(studio, plan_ref)
+    if ids.ARENA in wanted:
+        out["arena"] = arena_view(studio, plan_ref)
+    if ids.COMPARE_A in wanted:
+        compared = compare_view(studio, plan_ref, method_b, pct_b, context, b_shown)
+        out.update({f"compare_{k}": v for k, v in compared.items()})
+    return out
 
 
 def native_peak(studio: Studio, key: str, method: str, budget: int) -> str:

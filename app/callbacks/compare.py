@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import Dash, Input, Output, State, html
+from dash import Dash, Input, Output, Patch, State, html
 
 import core
 from app import figures, ids
@@ -17,62 +17,97 @@ from core import fmt_bytes, op_name
 LISTED = 6  # ops named per difference
 
 
+# the compare view: written when B's method or budget changes, and with each new plan
+COMPARED = {
+    "a": Output(ids.COMPARE_A, "figure", allow_duplicate=True),
+    "b": Output(ids.COMPARE_B, "figure", allow_duplicate=True),
+    "diff": Output(ids.COMPARE_DIFF, "children", allow_duplicate=True),
+    "b_is": Output(ids.COMPARE_DIFF, "data-b", allow_duplicate=True),  # what B's panel shows
+}
+
+
 def register(app: Dash, studio: Studio) -> None:
     @app.callback(
-        output={
-            "a": Output(ids.COMPARE_A, "figure"),
-            "b": Output(ids.COMPARE_B, "figure"),
-            "diff": Output(ids.COMPARE_DIFF, "children"),
-        },
-        inputs=[
-            Input(ids.PLAN, "data"),
-            Input(ids.COMPARE_METHOD, "value"),
-            Input(ids.COMPARE_BUDGET, "value"),
-        ],
-        state=[State(ids.CONTEXT, "data")],
+        output=COMPARED,
+        inputs=[Input(ids.COMPARE_METHOD, "value"), Input(ids.COMPARE_BUDGET, "value")],
+        state=[State(ids.PLAN, "data"), State(ids.CONTEXT, "data")],
         prevent_initial_call=True,
     )
-    def compare(plan_ref, method_b, pct_b, context):
-        """A: the plan on screen; B: `method_b` at `pct_b`% (both stamped with A's controls:
-        the comparison belongs to the plan on screen)."""
-        sig = (plan_ref or {}).get("for") or ""
-        plan_a, problem = plan_of(studio, plan_ref)
-        if plan_a is None or not context or not context.get("key"):
-            note = blank(sig, "no plan on screen", 260)
-            return {"a": note, "b": note, "diff": ""}
-        peak = problem.store_all_peak
-        pct_b = float(pct_b if pct_b is not None else plan_ref["value"])
-        method_b = method_b or plan_ref["method"]
-        label_a = f"A · {METHOD_LABELS.get(plan_ref['method'], plan_ref['method'])}"
-        label_b = f"B · {METHOD_LABELS.get(method_b, method_b)}"
-        a = _timeline(problem, plan_a, plan_ref["budget"], f"{label_a} at {plan_ref['value']:g}%")
-        try:
-            plan_b = studio.plan(plan_ref["key"], method_b, int(pct_b / 100 * peak))
-        except core.InfeasibleBudget as err:  # B's panel and the differences say why
-            least = f"{100 * err.minimum / peak:.1f}%" if err.minimum else "–"
-            b = blank(sig, "<br>".join(_wrap(plain_error(err), 60)), 270)
-            b["layout"]["title"] = {
-                "text": f"{label_b} at {pct_b:g}%: no plan",
-                "font": {"size": 12},
-                "x": 0,
-                "xanchor": "left",
-            }
-            b["layout"]["margin"] = {"l": 10, "r": 10, "t": 46, "b": 10}
-            said = (
-                f"B has no plan: {METHOD_LABELS.get(method_b, method_b)} needs at least "
-                f"{fmt_bytes(err.minimum)} ({least} of the store-all peak), above B's "
-                f"{pct_b:g}%. Set B's budget to {least} or more to compare."
-            )
-            return {"a": stamp(a, sig), "b": b, "diff": [html.P(said, className="no-b")]}
-        top = max(plan_a.predicted_peak, plan_b.predicted_peak, plan_ref["budget"])
-        b = _timeline(problem, plan_b, int(pct_b / 100 * peak), f"{label_b} at {pct_b:g}%")
-        for fig in (a, b):  # one scale, so heights compare
-            fig["layout"]["yaxis"]["range"] = [0, 1.1 * top / figures.pick_unit(peak)[1]]
-        return {
-            "a": stamp(a, sig),
-            "b": stamp(b, sig),
-            "diff": differences(problem, plan_a, plan_b),
+    def compare(method_b, pct_b, plan_ref, context):
+        """B's method or budget changed: both panels and what differs (a new plan on screen
+        comes with its comparison, from `app.callbacks.budget.solve`)."""
+        return compare_view(studio, plan_ref, method_b, pct_b, context)
+
+
+def compare_view(
+    studio: Studio,
+    plan_ref: dict | None,
+    method_b: str | None,
+    pct_b: float | None,
+    context: dict | None,
+    b_shown: str | None = None,
+) -> dict[str, Any]:
+    """`COMPARED`'s values. A: the plan on screen; B: `method_b` at `pct_b`% (both stamped
+    with A's controls: the comparison belongs to the plan on screen). `b_shown`: what B's
+    panel on the page shows (its `data-b`); when that is this B already (A's budget moved,
+    not B), B's figure is patched (its scale and controls), not sent again."""
+    sig = (plan_ref or {}).get("for") or ""
+    plan_a, problem = plan_of(studio, plan_ref)
+    if plan_a is None or plan_ref is None or not context or not context.get("key"):
+        note = blank(sig, "no plan on screen", 260)
+        return {"a": note, "b": note, "diff": "", "b_is": ""}
+    peak = problem.store_all_peak
+    pct_b = float(pct_b if pct_b is not None else plan_ref["value"])
+    method_b = method_b or plan_ref["method"]
+    b_is = f"{plan_ref['key']}|{method_b}|{pct_b:g}"
+    same_b = b_shown == b_is
+    label_a = f"A · {METHOD_LABELS.get(plan_ref['method'], plan_ref['method'])}"
+    label_b = f"B · {METHOD_LABELS.get(method_b, method_b)}"
+    a = _timeline(problem, plan_a, plan_ref["budget"], f"{label_a} at {plan_ref['value']:g}%")
+    try:
+        plan_b = studio.plan(plan_ref["key"], method_b, int(pct_b / 100 * peak))
+    except core.InfeasibleBudget as err:  # B's panel and the differences say why
+        least = f"{100 * err.minimum / peak:.1f}%" if err.minimum else "–"
+        said = (
+            f"B has no plan: {METHOD_LABELS.get(method_b, method_b)} needs at least "
+            f"{fmt_bytes(err.minimum)} ({least} of the store-all peak), above B's "
+            f"{pct_b:g}%. Set B's budget to {least} or more to compare."
+        )
+        diff = [html.P(said, className="no-b")]
+        if same_b:
+            return {"a": stamp(a, sig), "b": _restamped(sig), "diff": diff, "b_is": b_is}
+        none = blank(sig, "<br>".join(_wrap(plain_error(err), 60)), 270)
+        none["layout"]["title"] = {
+            "text": f"{label_b} at {pct_b:g}%: no plan",
+            "font": {"size": 12},
+            "x": 0,
+            "xanchor": "left",
         }
+        none["layout"]["margin"] = {"l": 10, "r": 10, "t": 46, "b": 10}
+        return {"a": stamp(a, sig), "b": none, "diff": diff, "b_is": b_is}
+    top = max(plan_a.predicted_peak, plan_b.predicted_peak, plan_ref["budget"])
+    scale = [0, 1.1 * top / figures.pick_unit(peak)[1]]  # one scale, so heights compare
+    a["layout"]["yaxis"]["range"] = scale
+    if same_b:
+        b: Any = _restamped(sig)
+        b["layout"]["yaxis"]["range"] = scale
+    else:
+        b = _timeline(problem, plan_b, int(pct_b / 100 * peak), f"{label_b} at {pct_b:g}%")
+        b["layout"]["yaxis"]["range"] = scale
+        b = stamp(b, sig)
+    return {
+        "a": stamp(a, sig),
+        "b": b,
+        "diff": differences(problem, plan_a, plan_b),
+        "b_is": b_is,
+    }
+
+
+def _restamped(sig: str) -> Patch:
+    """B's figure as it is, stamped for the controls `sig` (its data is not sent again)."""
+    patch = Patch()
+    patch["layout"]["meta"]["for"] = sig
+    return patch
 
 
 def _wrap(text: str, width: int) -> list[str]:

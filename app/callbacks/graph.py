@@ -14,39 +14,50 @@ from app.readback import block_fates, fate_of_ops, op_fates
 from app.state import Studio
 from core import fmt_bytes, op_name
 
+# An opened block is brought into view at a zoom where its ops' names read (OP_FONT px or
+# more): the preset layout fits the whole model, where they were ~5 px. After the new
+# elements are laid out (two frames on), centred, or from its top when taller than the view.
+ZOOM_JS = """function (opened, node) {
+  if (!node || node.block === undefined || node.block === null
+      || (node.op !== undefined && node.op !== null)) { return; }
+  if (!opened || !opened.includes(node.block)) { return; }
+  const zoomIn = () => {
+    const host = document.getElementById("GRAPH");
+    const el = host && [host, ...host.querySelectorAll("*")].find(e => e._cyreg);
+    if (!el) { return; }
+    const cy = el._cyreg.cy;
+    const box = cy.nodes().filter(n => n.data("block") === node.block
+      && (n.data("op") === undefined || n.data("op") === null));
+    if (!box.length) { return; }
+    const bb = box.boundingBox();
+    const z = Math.max(1, Math.min(cy.width() / (bb.w + 40), cy.height() / (bb.h + 40), 2));
+    const x = cy.width() / 2 - z * (bb.x1 + bb.w / 2);
+    const y = z * bb.h + 40 <= cy.height() ? cy.height() / 2 - z * (bb.y1 + bb.h / 2)
+      : 20 - z * bb.y1;
+    cy.viewport({zoom: z, pan: {x: x, y: y}});
+  };
+  requestAnimationFrame(() => requestAnimationFrame(zoomIn));
+}""".replace("GRAPH", ids.GRAPH)
+
 
 def register(app: Dash, studio: Studio) -> None:
-    @app.callback(
-        output={
-            "sheet": Output(ids.GRAPH, "stylesheet"),
-            "label": Output(ids.STEP_TEXT, "children"),
-            "why": Output(ids.STEP_WHY, "children"),
-            "for": Output(ids.STEP_WHY, "data-for"),
-        },
-        inputs=[Input(ids.PLAN, "data"), Input(ids.STEP, "data")],
+    app.clientside_callback(  # no output: the graph's viewport is moved in place
+        ZOOM_JS,
+        Input(ids.GRAPH_OPEN, "data"),
+        State(ids.GRAPH, "tapNodeData"),
         prevent_initial_call=True,
     )
-    def colour_graph(plan_ref, step):
-        """Graph colours for the plan and the step-through highlight (off the slider's path)."""
-        plan, problem = plan_of(studio, plan_ref)
-        sig = plan_ref.get("for") if plan_ref else None
-        if plan is None:
-            return {"sheet": figures.graph_stylesheet(), "label": "", "why": "", "for": sig}
-        fates = op_fates(problem, plan)
-        layers = block_fates(problem, plan)
-        prefix = figures.graph_prefix(plan_ref["key"])
-        if step is None or step >= len(plan.program):
-            return {
-                "sheet": figures.graph_stylesheet(fates, prefix=prefix, layers=layers),
-                "label": f"{len(plan.program)} steps",
-                "why": "Press play or step to walk through the program.",
-                "for": sig,
-            }
-        view = step_view(problem, plan, step)
-        sheet = figures.graph_stylesheet(
-            fates, view["running"], view["live"], view["block"], prefix, layers
-        )
-        return {"sheet": sheet, "label": view["label"], "why": view["why"], "for": sig}
+
+    @app.callback(
+        output=GRAPH_VIEW,
+        inputs=[Input(ids.STEP, "data")],
+        state=[State(ids.PLAN, "data")],
+        prevent_initial_call=True,
+    )
+    def colour_graph(step, plan_ref):
+        """Graph colours and the step's words for the step-through (a new plan's come with
+        it, from `app.callbacks.budget.solve`)."""
+        return graph_view(studio, plan_ref, step)
 
     @app.callback(
         Output(ids.GRAPH_HOVER, "children"),
@@ -99,6 +110,38 @@ def register(app: Dash, studio: Studio) -> None:
         if node.get("block") is None:
             raise PreventUpdate
         return block_panel(problem, plan, int(node["block"]))
+
+
+# the graph's colours and the step's words: written here on a step, and with each new plan
+GRAPH_VIEW = {
+    "sheet": Output(ids.GRAPH, "stylesheet", allow_duplicate=True),
+    "label": Output(ids.STEP_TEXT, "children", allow_duplicate=True),
+    "why": Output(ids.STEP_WHY, "children", allow_duplicate=True),
+    "for": Output(ids.STEP_WHY, "data-for", allow_duplicate=True),
+}
+
+
+def graph_view(studio: Studio, plan_ref: dict | None, step: int | None) -> dict[str, Any]:
+    """`GRAPH_VIEW`'s values: the graph coloured for the plan and the step-through's step."""
+    plan, problem = plan_of(studio, plan_ref)
+    sig = plan_ref.get("for") if plan_ref else None
+    if plan is None or plan_ref is None:
+        return {"sheet": figures.graph_stylesheet(), "label": "", "why": "", "for": sig}
+    fates = op_fates(problem, plan)
+    layers = block_fates(problem, plan)
+    prefix = figures.graph_prefix(plan_ref["key"])
+    if step is None or step >= len(plan.program):
+        return {
+            "sheet": figures.graph_stylesheet(fates, prefix=prefix, layers=layers),
+            "label": f"{len(plan.program)} steps",
+            "why": "Press play or step to walk through the program.",
+            "for": sig,
+        }
+    view = step_view(problem, plan, step)
+    sheet = figures.graph_stylesheet(
+        fates, view["running"], view["live"], view["block"], prefix, layers
+    )
+    return {"sheet": sheet, "label": view["label"], "why": view["why"], "for": sig}
 
 
 def block_panel(problem: Any, plan: Any, index: int) -> list:

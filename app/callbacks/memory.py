@@ -1,5 +1,6 @@
 """The memory views of the plan on screen: the step marker on the timeline, the per-tensor
-view, the transfer lane, the arena, and what is alive at the peak."""
+view, the transfer lane, the arena (drawn with the timeline by `app.callbacks.budget`'s one
+request), and what is alive at the peak."""
 
 from __future__ import annotations
 
@@ -37,59 +38,6 @@ def register(app: Dash, studio: Studio) -> None:
         return patch
 
     @app.callback(
-        Output(ids.TENSORS, "figure"),
-        Input(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_tensors(plan_ref):
-        """The per-tensor view of the plan on screen (a request of its own, off the slider's
-        timeline paint)."""
-
-        def draw(plan, problem):
-            rows = studio.tensors(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
-            return figures.tensor_figure(
-                rows,
-                len(plan.program),
-                plan.backward_start,
-                unit=figures.pick_unit(problem.store_all_peak),
-            )
-
-        return plan_view(studio, plan_ref, draw)
-
-    @app.callback(
-        Output(ids.TRANSFERS, "figure"),
-        Input(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_transfers(plan_ref):
-        """The transfer lane of the plan on screen: copies and compute stalls over time."""
-
-        def draw(plan, problem):
-            sim, values = plan.simulate(), problem.graph.values
-            return figures.transfer_figure(
-                sim.transfers,
-                sim.waits,
-                [v.name for v in values],
-                [v.nbytes for v in values],
-                link_text(problem),
-            )
-
-        return plan_view(studio, plan_ref, draw)
-
-    @app.callback(
-        Output(ids.ARENA, "figure"),
-        Input(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_arena(plan_ref):
-        """The address-by-time view of the plan on screen (`core.arena`)."""
-        return plan_view(
-            studio,
-            plan_ref,
-            lambda plan, problem: arena_figure(arena(plan), problem.graph, plan.backward_start),
-        )
-
-    @app.callback(
         Output(ids.PEAK_LIST, "children"),
         Input(ids.STEP, "data"),
         State(ids.PLAN, "data"),
@@ -98,6 +46,47 @@ def register(app: Dash, studio: Studio) -> None:
     def list_peak(step, plan_ref):
         """At the peak step: what is alive there, largest first."""
         return peak_items(studio, plan_ref, step)
+
+
+def tensors_view(studio: Studio, plan_ref: dict | None) -> dict:
+    """The per-tensor view of the plan on screen."""
+    ref = plan_ref or {}
+
+    def draw(plan, problem):
+        rows = studio.tensors(ref["key"], ref["method"], ref["budget"])
+        return figures.tensor_figure(
+            rows,
+            len(plan.program),
+            plan.backward_start,
+            unit=figures.pick_unit(problem.store_all_peak),
+        )
+
+    return plan_view(studio, plan_ref, draw)
+
+
+def transfers_view(studio: Studio, plan_ref: dict | None) -> dict:
+    """The transfer lane of the plan on screen: copies and compute stalls over time."""
+
+    def draw(plan, problem):
+        sim, values = plan.simulate(), problem.graph.values
+        return figures.transfer_figure(
+            sim.transfers,
+            sim.waits,
+            [v.name for v in values],
+            [v.nbytes for v in values],
+            link_text(problem),
+        )
+
+    return plan_view(studio, plan_ref, draw)
+
+
+def arena_view(studio: Studio, plan_ref: dict | None) -> dict:
+    """The address-by-time view of the plan on screen (`core.arena`)."""
+    return plan_view(
+        studio,
+        plan_ref,
+        lambda plan, problem: arena_figure(arena(plan), problem.graph, plan.backward_start),
+    )
 
 
 def plan_view(studio: Studio, plan_ref: dict | None, draw: Callable[[Any, Any], dict]) -> dict:

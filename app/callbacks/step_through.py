@@ -25,35 +25,29 @@ PLAY_JS = """function (clicks, paused) {
 }""".replace("PAUSE", PAUSE).replace("PLAY", PLAY)
 
 
-# A tick: `speed` steps on, stopping at the program's last step (`plan.steps`, the PLAN
-# store's); a tick at the end (play pressed there) starts again from the first.
-TICK_JS = """function (n, step, speed, plan) {
-  const nu = window.dash_clientside.no_update;
-  if (!n || !plan || !plan.steps) { return [nu, nu, nu]; }
-  const last = plan.steps - 1;
-  if (step !== null && step !== undefined && step >= last) { return [0, nu, nu]; }
-  const next = (step === null || step === undefined) ? 0 : step + (speed || 1);
-  if (next >= last) { return [last, true, "PLAY"]; }
-  return [next, nu, nu];
-}""".replace("PLAY", PLAY)
-
-
-# Next, back and reset run in the page too: three quick clicks on the server each read the
-# step before the others' answers landed, so "step 4" was never reached under load (issue 36's
-# flake of test_step_through_moves_the_highlight).
+# Next, back, reset and play's ticks, in the page: three quick clicks on the server each read
+# the step before the others' answers landed, so "step 4" was never reached under load (issue
+# 36's flake of test_step_through_moves_the_highlight). A tick moves `speed` steps on, a click
+# one; both stop at the program's last step (`plan.steps`, the PLAN store's), where play
+# pauses; a tick at the end (play pressed there) starts again from the first.
 STEP_JS = (
-    """function (next, back, reset, step, plan) {
+    """function (n, next, back, reset, step, speed, plan) {
   const dc = window.dash_clientside, nu = dc.no_update;
   if (!plan || !plan.steps) { return [nu, nu, nu]; }
   const fired = dc.callback_context.triggered.map(t => t.prop_id.split(".")[0]);
   const last = plan.steps - 1;
   if (fired.includes("RESET")) { return [0, true, "PLAY"]; }
   if (fired.includes("BACK")) { return [Math.max(0, (step || 0) - 1), nu, nu]; }
-  const next_ = (step === null || step === undefined) ? 0 : step + 1;
+  const tick = fired.includes("TICKER");
+  if (tick && !n) { return [nu, nu, nu]; }
+  const at = (step === null || step === undefined) ? null : step;
+  if (tick && at !== null && at >= last) { return [0, nu, nu]; }
+  const next_ = at === null ? 0 : at + (tick ? (speed || 1) : 1);
   if (next_ >= last) { return [last, true, "PLAY"]; }
   return [next_, nu, nu];
 }""".replace("RESET", ids.STEP_RESET)
     .replace("BACK", ids.STEP_BACK)
+    .replace("TICKER", ids.TICKER)
     .replace("PLAY", PLAY)
 )
 
@@ -64,19 +58,10 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.STEP, "data", allow_duplicate=True),
         Output(ids.TICKER, "disabled", allow_duplicate=True),
         Output(ids.PLAY, "children", allow_duplicate=True),
+        Input(ids.TICKER, "n_intervals"),
         Input(ids.STEP_NEXT, "n_clicks"),
         Input(ids.STEP_BACK, "n_clicks"),
         Input(ids.STEP_RESET, "n_clicks"),
-        State(ids.STEP, "data"),
-        State(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    app.clientside_callback(
-        TICK_JS,
-        Output(ids.STEP, "data", allow_duplicate=True),
-        Output(ids.TICKER, "disabled", allow_duplicate=True),
-        Output(ids.PLAY, "children", allow_duplicate=True),
-        Input(ids.TICKER, "n_intervals"),
         State(ids.STEP, "data"),
         State(ids.SPEED, "value"),
         State(ids.PLAN, "data"),
@@ -118,8 +103,8 @@ def register(app: Dash, studio: Studio) -> None:
 
 def move(trigger: Any, plan: Any, step: int | None) -> tuple:
     """(new step, ticker disabled, play button's label) after the jump `trigger`: to the
-    peak, the next recompute or the next copy; a jump stops play. Play, pause, the ticks,
-    next, back and reset are the page's (`PLAY_JS`, `TICK_JS`, `STEP_JS`)."""
+    peak, the next recompute or the next copy; a jump stops play. Play and pause, the
+    ticks, next, back and reset are the page's (`PLAY_JS`, `STEP_JS`)."""
     if trigger == ids.JUMP_PEAK:
         return peak_step(plan.timeline), True, PLAY
     jump = next_recompute if trigger == ids.JUMP_RECOMPUTE else next_transfer

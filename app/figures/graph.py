@@ -19,7 +19,10 @@ from app.figures.palette import (
 )
 
 ROWS = 12  # ops per column inside a block box
-DX, DY = 70, 34
+# Room per op: a label of two lines under its node, apart from its neighbours' (an
+# opened block's labels were ~5 px and overlapped at 70 x 34 with the whole model in view)
+DX, DY = 110, 44
+OP_FONT = 10  # px at zoom 1: opening a block zooms to it, no further out than that
 ROW_WIDTH = 900  # a row of blocks wraps past this width (model px)
 TITLE_WIDTH, TITLE_CHAR = 220, 13  # a block title's widest wrap, and px per character
 LAYER_HEIGHT = 90  # a closed block (a layer): its name and its number of ops
@@ -29,8 +32,8 @@ BASE_STYLE: list[dict] = [
         "selector": "node.op",
         "style": {
             "label": "data(label)",
-            "font-size": 9,
-            "min-zoomed-font-size": 9,  # ops are named when zoomed in enough to read them
+            "font-size": OP_FONT,
+            "min-zoomed-font-size": OP_FONT,  # named when they read; hover names the rest
             "text-wrap": "wrap",
             "text-max-width": DX - 8,
             "width": 14,

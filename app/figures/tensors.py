@@ -49,7 +49,13 @@ def tensor_figure(
         total[r["start"] : r["end"]] += r["nbytes"]
     drawn = alive.sum(axis=0)
     name, size = unit or pick_unit(int(total.max(initial=0)))
-    traces = [_band(rows[i], offsets[k], size) for k, i in enumerate(chosen)]
+    outlines = [
+        _band_outline(
+            offsets[k][rows[i]["start"] : rows[i]["end"]], rows[i]["start"], rows[i]["nbytes"], size
+        )
+        for k, i in enumerate(chosen)
+    ]
+    traces = _fills(rows, chosen, outlines) + [_hover_points(rows, chosen, outlines)]
     rest = total - drawn
     if len(rows) > len(chosen) and rest.any():
         traces.append(_rest(drawn, rest, n_steps, len(rows) - len(chosen), size))
@@ -86,24 +92,55 @@ def tensor_figure(
     }
 
 
-def _band(row: dict, offsets: np.ndarray, size: float) -> dict:
-    """One storage's band, on top of the earlier allocations alive beside it."""
-    x, top, bottom = _band_outline(
-        offsets[row["start"] : row["end"]], row["start"], row["nbytes"], size
-    )
+def _fills(rows: Sequence[dict], chosen: Sequence[int], outlines: Sequence[tuple]) -> list:
+    """The bands, one filled trace per fate (each band a closed shape, shapes apart by a
+    gap): a handful of traces, not one per storage, so the page redraws them at once."""
+    by_fate: dict[str, tuple[list, list]] = {}
+    for i, (x, top, bottom) in zip(chosen, outlines):
+        xs, ys = by_fate.setdefault(rows[i]["fate"], ([], []))
+        xs += [*x, *x[::-1], None]
+        ys += [*top, *bottom[::-1], None]
+    return [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": xs,
+            "y": ys,
+            "fill": "toself",
+            "fillcolor": BAND_COLORS.get(fate, UNKNOWN),
+            "line": {"width": 0.5, "color": EDGE},
+            "hoverinfo": "skip",
+            "name": fate,
+            "showlegend": False,
+            "meta": "bands",
+        }
+        for fate, (xs, ys) in by_fate.items()
+    ]
+
+
+def _hover_points(rows: Sequence[dict], chosen: Sequence[int], outlines: Sequence[tuple]) -> dict:
+    """Each band's words, at the middle of each stretch where it sits still (one invisible
+    marker each): what pointing at a band shows."""
+    x: list[float] = []
+    y: list[float] = []
+    text: list[str] = []
+    for i, (bx, top, bottom) in zip(chosen, outlines):
+        words = hover_html(rows[i]["text"])
+        for j in range(0, len(bx), 2):  # a stretch: two corners at one height
+            x.append(round((bx[j] + bx[j + 1]) / 2, 2))
+            y.append(round((top[j] + bottom[j]) / 2, 4))
+            text.append(words)
     return {
         "type": "scatter",
-        "mode": "lines",
-        "x": x + x[::-1],
-        "y": top + bottom[::-1],
-        "fill": "toself",
-        "fillcolor": BAND_COLORS.get(row["fate"], UNKNOWN),
-        "line": {"width": 0.5, "color": EDGE},
-        "hoveron": "fills",
+        "mode": "markers",
+        "x": x,
+        "y": y,
+        "text": text,
+        "marker": {"size": 14, "opacity": 0},
         "hoverinfo": "text",
-        "text": hover_html(row["text"]),
-        "name": row.get("name", ""),
         "showlegend": False,
+        "name": "storages",
+        "meta": "hover",
     }
 
 

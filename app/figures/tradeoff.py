@@ -80,7 +80,9 @@ def tradeoff_figure(
             "xaxis": {
                 "automargin": True,
                 "title": {"text": "budget (% of store-all peak)"},
-                "rangemode": "tozero",
+                # fixed, so moving the budget line redraws the line alone (`MARK_BUDGET_JS`);
+                # autoranged, it took the shape in and replotted the chart
+                "range": [0, 102],
             },
             "yaxis": {"title": {"text": "extra time (%)"}, "range": [-pad, top + pad]},
             "legend": legend_below(),

@@ -83,8 +83,8 @@ def test_every_program_step_axis_counts_from_1_as_the_hover_and_the_step_text_do
     forward, backward = fig["layout"]["shapes"]
     assert (forward["x0"], forward["x1"], backward["x1"]) == (0.5, 20.5, 40.5)
     rows = [{"start": 0, "end": 3, "nbytes": 2**20, "fate": "kept", "text": "t"}]
-    band = figures.tensor_figure(rows, 4, 2)["data"][0]
-    assert min(band["x"]) == 0.5 and max(band["x"]) == 3.5  # steps 1 to 3
+    band = [x for x in figures.tensor_figure(rows, 4, 2)["data"][0]["x"] if x is not None]
+    assert min(band) == 0.5 and max(band) == 3.5  # steps 1 to 3
 
 
 def test_tradeoff_marks_the_budget_and_puts_the_current_method_first():
@@ -293,11 +293,13 @@ def test_tensor_figure_stacks_bands_in_allocation_order_and_sums_the_rest():
         {"start": 1, "end": 3, "nbytes": 1, "fate": "gradient", "text": "d"},
     ]
     fig = figures.tensor_figure(rows, 4, 2, unit=("B", 1), max_bands=3)
-    bands = [t for t in fig["data"] if t.get("fill") == "toself" and t.get("meta") != "rest"]
-    assert [t["text"] for t in bands] == ["a", "b", "c"]  # the 3 largest, by allocation
-    c = bands[2]
+    hover = next(t for t in fig["data"] if t.get("meta") == "hover")
+    assert hover["text"] == ["a", "b", "c"]  # the 3 largest, by allocation, one stretch each
+    fills = {t["name"]: t for t in fig["data"] if t.get("meta") == "bands"}
+    assert len(fills) == 3  # one trace per fate, not one per storage
+    c = [y for y in fills["temporary"]["y"] if y is not None]
     # b is freed before c is allocated: c sits on a alone; d (smallest) goes in the rest
-    assert min(c["y"]) == 4 and max(c["y"]) == 12
+    assert min(c) == 4 and max(c) == 12
     rest = next(t for t in fig["data"] if t.get("meta") == "rest")
     assert max(rest["y"]) == 13  # 4 + 8 + 1 at step 2: the stack equals the live total
     assert fig["layout"]["meta"]["storages"] == 4

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import serve_in_thread
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from torch import nn
 
 import core
@@ -365,18 +364,21 @@ def test_per_tensor_view_names_each_storage_and_the_peak_lists_what_sets_it(read
     page = ready
     press(page, "Home")  # a plan that recomputes
     tensors = "document.querySelector('#tensors .js-plotly-plot')"
+    page.locator("#tensors").scroll_into_view_if_needed()  # drawn as it comes into sight
     page.wait_for_function(f"() => {tensors}.data.length > 5")
-    texts = page.evaluate(f"() => {tensors}.data.map(t => t.text).filter(t => t)")
+    texts = page.evaluate(f"() => {tensors}.data.flatMap(t => t.text ? [].concat(t.text) : [])")
     assert any("made by" in t and ".py:" in t and "recomputed" in t for t in texts)
     page.locator("#tensors").scroll_into_view_if_needed()
-    box = page.locator("#tensors .nsewdrag").first.bounding_box()
-    for fx in (0.3, 0.4, 0.2, 0.5):  # point at a band in the forward
-        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * 0.95)
-        try:  # a hover label, or on to the next point (a gap between bands shows none)
-            page.locator("#tensors .hoverlayer .hovertext").first.wait_for(timeout=5_000)
-            break
-        except PlaywrightTimeout:
-            continue
+    # point at a band: the middle of a stretch of one, where its words are
+    x, y = page.evaluate(
+        f"""() => {{ const g = {tensors}, t = g.data.find(d => d.meta === 'hover');
+          const i = t.text.findIndex(s => s.includes('made by'));
+          const r = g.querySelector('.nsewdrag').getBoundingClientRect();
+          return [r.left + g._fullLayout.xaxis.l2p(t.x[i]),
+                  r.top + g._fullLayout.yaxis.l2p(t.y[i])]; }}"""
+    )
+    page.mouse.move(x, y)
+    page.locator("#tensors .hoverlayer .hovertext").first.wait_for()
     assert "made by" in page.locator("#tensors .hoverlayer").text_content()
     card(page, ids.TENSORS).screenshot(path=str(SHOTS / "tensors.png"))
     page.click(f"#{ids.JUMP_PEAK}")
@@ -437,6 +439,7 @@ def test_arena_view_places_every_storage_and_names_fragmentation(ready):
     page = ready
     press(page, "Home")  # a plan that recomputes
     arena = "document.querySelector('#arena .js-plotly-plot')"
+    page.locator("#arena").scroll_into_view_if_needed()  # drawn as it comes into sight
     page.wait_for_function(f"() => {arena} && {arena}.data.length >= 5")
     fig = page.evaluate(
         f"() => ({{names: {arena}.data.map(t => t.name), title: {arena}.layout.title.text,"

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.browser
 # The sampler, written apart from the page's own watcher (assets/app.js): the controls as
 # the user sees them (menus' shown labels, the radio, the switch, the slider), each view's
 # "drawn for" (data-for, or the plotly figure's layout.meta.for), and whether the busy bar is
-# visible inside the viewport.
+# visible inside the viewport. Only what is shown can be stale on screen: a view counts while
+# it is displayed and inside the viewport (the page leaves views far below the fold for later).
 SAMPLER = """(labels) => {
   const label = (id) => { const e = document.querySelector(`#${id}-value .dash-dropdown-value-item`);
     return e ? e.textContent.trim() : ""; };
@@ -48,7 +49,11 @@ SAMPLER = """(labels) => {
     const views = HTML.map(id => [id, document.getElementById(id).getAttribute("data-for") || ""])
       .concat(PLOTS.map(id => { const g = document.querySelector(`#${id} .js-plotly-plot`);
         return [id, (g && g.layout && g.layout.meta && g.layout.meta.for) || ""]; }));
-    const old = views.filter(([id, f]) => f !== (f.split("|").length === 5 ? plan : ctx));
+    const shown = (id) => { const v = document.getElementById(id);
+      const r = v.getBoundingClientRect();
+      return !v.closest("[hidden]") && r.height > 0 && r.bottom > 0 && r.top < innerHeight; };
+    const old = views.filter(([id, f]) => shown(id)
+      && f !== (f.split("|").length === 5 ? plan : ctx));
     const bar = document.getElementById("progress");
     const r = bar.getBoundingClientRect();
     const busy = getComputedStyle(bar).display !== "none" && r.height > 0 && r.top >= 0

@@ -90,6 +90,7 @@ def test_the_compare_view_puts_two_plans_side_by_side(page, url):
     wait_ready(page, "gpt-tiny", 120_000)
     page.wait_for_function("() => !document.body.hasAttribute('data-busy')", timeout=120_000)
     diff = page.locator(f"#{ids.COMPARE_DIFF}")
+    diff.scroll_into_view_if_needed()  # drawn as it comes into sight
     # B defaults to checkpointing every block at 100%: A (the solver's plan) differs
     page.wait_for_function(
         "(id) => document.getElementById(id).textContent.includes('Peak: A')", arg=ids.COMPARE_DIFF
