@@ -61,6 +61,33 @@ def test_a_typed_name_not_in_the_menu_is_refused_without_importing(trap):
     assert value in model_options(studio)
 
 
+def test_the_menus_request_naming_a_module_is_answered_in_words_without_importing(trap):
+    """What the page sends when "plan it" is pressed, with a module's name typed in place of
+    an architecture (the request forged past the menu): refused in words, nothing imported."""
+    from app.server import create_app
+
+    app = create_app(warm=False)
+    key = next(k for k in app.callback_map if f"{ids.ARCH_ERROR}.children" in k)
+    outputs = [o.split("@")[0].rsplit(".", 1) for o in key.strip(".").split("...")]
+    state = {
+        ids.ARCH: "trapmod:build",
+        ids.ARCH_BATCH: 1,
+        ids.ARCH_SEQ: 64,
+        ids.ARCH_DEVICE: "h100",
+    }
+    body = {
+        "output": key,
+        "outputs": [{"id": i, "property": p} for i, p in outputs],
+        "inputs": [{"id": ids.ARCH_PLAN, "property": "n_clicks", "value": 1}],
+        "state": [{"id": i, "property": "value", "value": v} for i, v in state.items()],
+        "changedPropIds": [f"{ids.ARCH_PLAN}.n_clicks"],
+    }
+    answer = app.server.test_client().post("/_dash-update-component", json=body).get_json()
+    said = answer["response"][ids.ARCH_ERROR]
+    assert said["hidden"] is False and "unknown architecture 'trapmod:build'" in said["children"]
+    assert ids.MODEL not in answer["response"] and not trap.exists()
+
+
 def test_app_menu_lists_each_of_several_models(monkeypatch, tmp_path):
     """`remat app --model a --model b`: both are in the page's model menu, the first open."""
     (tmp_path / "twomenu.py").write_text(
