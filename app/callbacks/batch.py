@@ -57,7 +57,8 @@ def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
     probe = studio.derived.get_or_make(("batch-probe", key), lambda: batch_probe(studio, key))
 
     def make():
-        return batch_rows(probe, method, fraction, lock=after_the_page)
+        capacity = device_memory(preset)
+        return batch_rows(probe, method, fraction, lock=after_the_page, capacity=capacity)
 
     rows, refused = studio.derived.get_or_make(("batch", key, method, round(fraction, 4)), make)
     label = f"{METHOD_LABELS.get(method, method)} at {100 * fraction:.0f}%"
@@ -66,8 +67,19 @@ def batch_view(studio: Studio, plan_ref: dict) -> tuple[dict, str]:
         f"Batch sizes {', '.join(str(r.batch) for r in rows)}, each traced and planned at "
         f"{100 * fraction:.0f}% of its own plain peak; AdamW's two moments counted. A gap: "
         "no plan at that budget."
-    ) + "".join(f" Batch {b} left out: {why}." for b, why in refused)
+    ) + "".join(left_out(refused))
     return stamp(fig, sig), note
+
+
+def left_out(refused: list[tuple[int, str]]) -> list[str]:
+    """The batch sizes not drawn, one sentence per reason: " Batches 8, 16 left out: ..."."""
+    by_why: dict[str, list[int]] = {}
+    for b, why in refused:
+        by_why.setdefault(why, []).append(b)
+    return [
+        f" Batch{'es' if len(bs) > 1 else ''} {', '.join(map(str, bs))} left out: {why}."
+        for why, bs in by_why.items()
+    ]
 
 
 def batch_probe(studio: Studio, key: str) -> BatchProblems:

@@ -137,6 +137,22 @@ def test_the_batch_chart_keeps_the_analysis_on_screen_as_one_of_its_batch_sizes(
     assert batch_probe(studio, studio.key("gpt-tiny", "measured", "cpu")).problems == {}
 
 
+def test_the_batch_chart_traces_no_batch_whose_smaller_floor_is_over_the_device():
+    """Once a batch size's floor and fixed bytes are over the device's memory, the larger
+    batch sizes are said to be left out, not traced (an 8B model at 8,192 tokens: minutes)."""
+    from app.batch import batch_rows
+    from app.callbacks.batch import left_out
+    from core import BatchProblems
+
+    probe = BatchProblems(Studio().builders["gpt-tiny"](), None, "h100")
+    one = probe.problem(1)
+    small = one.param_bytes + one.floor.nbytes  # under batch 1's floor and fixed bytes
+    rows, refused = batch_rows(probe, "rockmate", 0.6, (1, 2, 4), capacity=small)
+    assert [r.batch for r in rows] == [1] and list(probe.problems) == [1]
+    assert [b for b, _ in refused] == [2, 4] and "not traced: at batch 1" in refused[0][1]
+    assert left_out(refused) == [f" Batches 2, 4 left out: {refused[0][1]}."]
+
+
 def find(component, id_: str):
     """The component of a Dash layout with id `id_`."""
     if getattr(component, "id", None) == id_:
