@@ -92,6 +92,9 @@ def _answer_floor(studio: Studio, key: str, pct: float) -> str:
     problem = studio.problem(key)
     floor = problem.floor
     at = percent(floor.nbytes, problem.store_all_peak)
+    # the step's budget is the lowest the slider allows with offloading: named from the
+    # solver's minimum, not from the slider's value, which may not be clamped to it yet
+    pct = slider_minimum(studio.minimum(key, studio.offload_method), problem.store_all_peak)
     return (
         f"One op, {floor.op} ({floor.label}), needs {fmt_bytes(floor.nbytes)} at once: "
         f"its inputs and outputs, {at:.1f}% of the store-all peak. No plan, recomputing or "

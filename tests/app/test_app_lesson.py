@@ -38,11 +38,6 @@ def settled(page, title: str, method: str, offload: bool) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky, named in the 2026-11-27 closing note: failed once in a fresh-clone CI run "
-    "(the floor step's answer text), passed when run alone; quarantined until explained",
-)
 def test_the_lesson_runs_end_to_end(page, url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
