@@ -216,15 +216,16 @@ def test_budgets_flag_picks_our_budgets(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_quick_command_line(tmp_path, capsys):
-    """`remat bench --quick` as the issue asks: gpt-tiny and resnet-tiny, every strategy that
-    runs without inductor, tables printed and files written (~30-60 s here)."""
+    """`remat bench --quick` on gpt-tiny: every strategy that runs without inductor, tables
+    printed and files written. Its two models (gpt-tiny and resnet-tiny) run in `.ci/run`'s
+    plain install, which checks both models' rows."""
     out = tmp_path / "quick"
-    assert compare.main(["--quick", "--reps", "1", "--out", str(out)]) == 0
+    assert compare.main(["--quick", "--models", "gpt-tiny", "--reps", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "gpt-tiny" in printed and "resnet-tiny" in printed
+    assert "gpt-tiny" in printed
     rows = list(csv.DictReader((out / "bench.csv").open()))
     keys = {(r["model"], r["key"]) for r in rows}
-    for model in ("gpt-tiny", "resnet-tiny"):
+    for model in ("gpt-tiny",):
         keys_wanted = ("eager", "soc", "ckpt", "ckpt2", "sac", "soc+ckpt", "aot-0.5", "aot-0.2")
         for key in (*keys_wanted, "ours:store_all@100%"):
             assert (model, key) in keys, (model, key)
@@ -318,7 +319,7 @@ def test_strategies_bench_on_gpt_tiny(one_thread) -> None:
     rival's measured peak fits it, and the report says the conditions."""
     from bench import current
 
-    rows = current.bench_model("gpt-tiny", 1, None, lambda _msg: None)
+    rows = current.bench_model("gpt-tiny", 1, None, lambda _msg: None, autosac=(0.5,))
     by = {r.key: r for r in rows}
     for key in ("hf", "torchtitan", "torchtune"):
         assert by[key].peak == by[key].predicted + SEED_BYTES
