@@ -130,7 +130,7 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
   // others in the numbers card's data-skipped. One of those stale in sight is asked for
   // (data-lagging, "plan#ids"): until it comes the page is busy, as for any stale view.
   // data-skipped is "plan#ids" too: the plan the views' request was for.
-  const DEFERRED = ["tensors", "transfers", "arena", "compare-a"];
+  const DEFERRED = ["tensors", "arena", "compare-a"];
   let sentVisible = null, sentLagging = null, answered = null;
   function nearSight(v) {
     const margin = window.innerHeight / 4, r = v.getBoundingClientRect();

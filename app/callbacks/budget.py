@@ -37,14 +37,15 @@ SOLVED = {
     "hint": Output(ids.BUDGET_HINT, "children"),
     "for": Output(ids.NUMBERS, "data-for"),
 }
-# Every other view of the plan, from the same request: one round trip from a release to all
-# of them drawn (a second request per view, chained on the PLAN store, cost a round trip and
-# a paint more). The views below the fold wait: those out of sight when the slider moves
-# (the page's `data-visible`, kept by assets/app.js) are left as they were and listed in
-# `data-skipped`; while one of them is stale in sight the page is dimmed and asks for it
-# (`data-lagging`, `catch_up`). Redrawing five charts nobody sees took a second of the
-# browser's time under load (`remat bench --app`, docs/app.md).
-DEFERRED = (ids.TENSORS, ids.TRANSFERS, ids.ARENA, ids.COMPARE_A)  # compare-a: both panels
+# The plan's other views, from `paint`, a request beside `solve`'s (chained on the PLAN store,
+# as they were, each cost a round trip and a paint more). The views far below the fold wait:
+# those out of sight when the slider moves (the page's `data-visible`, kept by assets/app.js)
+# are left as they were and listed in `data-skipped`; while one of them is stale in sight the
+# page is dimmed and asks for it (`data-lagging`, `catch_up`). Redrawing charts nobody sees
+# took a second of the browser's time under load (`remat bench --app`, docs/app.md).
+# compare-a stands for both panels; the transfer lane (small, right under the timeline, shown
+# with offloading on) is always drawn
+DEFERRED = (ids.TENSORS, ids.ARENA, ids.COMPARE_A)
 LATER = {
     "tensors": Output(ids.TENSORS, "figure", allow_duplicate=True),
     "transfers": Output(ids.TRANSFERS, "figure", allow_duplicate=True),
@@ -276,7 +277,7 @@ def plan_views(
     out: dict[str, Any] = dict.fromkeys(LATER, no_update)
     if ids.TENSORS in wanted:
         out["tensors"] = tensors_view(studio, plan_ref)
-    if ids.TRANSFERS in wanted and context.get("offload"):
+    if context.get("offload"):
         out["transfers"] = transfers_view(studio, plan_ref)
     if ids.ARENA in wanted:
         out["arena"] = arena_view(studio, plan_ref)

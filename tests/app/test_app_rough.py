@@ -6,6 +6,7 @@ as it comes near (never shown stale)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import serve_in_thread
@@ -85,23 +86,29 @@ def test_an_opened_blocks_op_names_read_and_do_not_overlap(ready):
             assert not overlap, (a["label"], b["label"])
 
 
-def test_offloaded_stays_on_one_line_in_the_op_table(ready):
-    page = ready
-    page.evaluate(
-        f"""() => {CY}.nodes().filter(n => n.data('block') === 2
-          && (n.data('op') === undefined || n.data('op') === null)).emit('tap')"""
+def test_offloaded_stays_on_one_line_in_the_op_table(page):
+    # the op table as `app.callbacks.graph.block_panel` writes it, under the page's stylesheet,
+    # from wide to as narrow as the panel gets
+    css = (Path(__file__).resolve().parents[2] / "assets" / "app.css").read_text()
+    row = (
+        "<tr><td>transformer.h.0.attn · scaled attention scores</td>"
+        "<td>aten._scaled_dot_product_flash_attention_for_cpu · sdpa</td>"
+        "<td>64.0 KiB</td><td class='fate offloaded'>offloaded</td></tr>"
     )
-    cell = page.locator(f"#{ids.BLOCK_PANEL} table.ops td.fate").first
-    cell.wait_for()
-    # the narrowest the table gets beside the graph; the word an offloading plan shows
-    lines = page.evaluate(
-        """() => { const td = document.querySelector('#block-panel table.ops td.fate');
-          td.textContent = 'offloaded'; td.className = 'fate offloaded';
-          document.querySelector('#block-panel').style.width = '360px';
-          const r = document.createRange(); r.selectNodeContents(td);
-          return new Set([...r.getClientRects()].map(q => Math.round(q.top))).size; }"""
+    page.set_content(
+        f"<style>{css}</style><div id='panel' class='block-panel'><table class='ops'>"
+        f"<thead><tr><th>op</th><th>ATen op</th><th>allocates</th><th>plan</th></tr></thead>"
+        f"<tbody>{row * 3}</tbody></table></div>"
     )
-    assert lines == 1  # not "offloa|ded"
+    for width in range(200, 801, 60):
+        lines = page.evaluate(
+            """(w) => { document.getElementById('panel').style.width = w + 'px';
+              const td = document.querySelector('td.fate');
+              const r = document.createRange(); r.selectNodeContents(td);
+              return new Set([...r.getClientRects()].map(q => Math.round(q.top))).size; }""",
+            width,
+        )
+        assert lines == 1, width  # not "offloa|ded"
 
 
 def test_a_view_left_out_of_sight_is_drawn_as_it_comes_near(ready):
