@@ -52,7 +52,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 from core.errors import RematError, fmt_bytes
 from core.graph import Phase
 from core.memory import host_copy
-from core.native.lowering import python_held
+from core.native.lowering import python_held, refuse_chunked_head
 from core.native.simulate import (
     Checkpointed,
     NativeProgram,
@@ -289,6 +289,8 @@ def _imported(
 
 
 def _model(problem: Problem) -> nn.Module:
+    """The analysed model, which the strategy runs as its own code does (its own head)."""
+    refuse_chunked_head(problem)
     model = problem.model_ref() if problem.model_ref is not None else None
     if model is None:
         raise NotApplicable(

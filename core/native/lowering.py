@@ -14,6 +14,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from core.errors import InvalidPlan
 from core.graph import Graph
 from core.native.boundaries import forward_nodes
 from core.native.lifetimes import python_lifetimes
@@ -57,6 +58,19 @@ class Lowering:
     stretches: tuple[Stretch, ...] = ()
 
 
+def refuse_chunked_head(problem: Problem) -> None:
+    """Native execution runs the model's own forward, whose head makes the whole logits: a
+    step traced with the chunked loss head (`analyze(..., loss_head="chunked")`) is not the
+    step it would run, so its figures would not be the native step's."""
+    if problem.loss_head.kind == "chunked":
+        raise InvalidPlan(
+            "this step was analysed with the chunked loss head, which only the interpreter "
+            "runs: native execution runs the model's own forward and its whole logits. Use "
+            "runtime='interpreter' for this plan, or analyse with loss_head='plain' for a "
+            "native plan"
+        )
+
+
 def lower(plan: Plan, cut_layers: bool | None = None) -> Lowering:
     """The regions, offloads and notes of `plan` (bound to its problem) under native
     execution, with the native step's prediction. Blocks no submodule runs are covered by
@@ -64,6 +78,7 @@ def lower(plan: Plan, cut_layers: bool | None = None) -> Lowering:
     method's plans) a layer may be cut into stretches too, when that peaks lower; else a
     layer runs as one checkpointed submodule, which torch.compile and FSDP2 see whole."""
     problem = plan.problem
+    refuse_chunked_head(problem)
     sim = plan.simulate()
     offloaded = {v for kind, v in plan.program if kind == OFFLOAD}
     kept = sim.live_after(plan.backward_start - 1) | offloaded
