@@ -144,7 +144,7 @@ def test_the_batch_chart_traces_no_batch_whose_smaller_floor_is_over_the_device(
     from app.callbacks.batch import left_out
     from core import BatchProblems
 
-    probe = BatchProblems(Studio().builders["gpt-tiny"](), None, "h100")
+    probe = BatchProblems(Studio().builders["mlp-tiny"](), None, "h100")
     one = probe.problem(1)
     small = one.param_bytes + one.floor.nbytes  # under batch 1's floor and fixed bytes
     rows, refused = batch_rows(probe, "rockmate", 0.6, (1, 2, 4), capacity=small)
