@@ -111,13 +111,14 @@ class Case:
 def build(name: str) -> Case:
     """The bench's models: a sample model by name (`gpt-tiny`, `gpt-small-6l`), Hugging Face
     GPT-2 and Llama (`hf-gpt2`/`hf-llama`: the zoo's 2-layer configs; `hf-gpt2-4l`/
-    `hf-llama-4l`: 4 layers, hidden 256, 256 tokens), with eager attention (their SDPA path
-    does not trace natively yet), and the diffusers U-Net of `sample_models.diffusers_zoo`."""
+    `hf-llama-4l`: 4 layers, hidden 256, 256 tokens), at their defaults (SDPA attention,
+    dropout), the diffusers U-Net of `sample_models.diffusers_zoo`, and `transformer-encoder`:
+    torch's `nn.TransformerEncoder`, 4 layers of d256, 4 heads, 4 x 256 tokens, an MSE loss
+    outside."""
     if name in ("hf-gpt2", "hf-llama"):  # the zoo's tiny configs (2 layers, hidden 32)
         from sample_models import hf_zoo
 
         c = hf_zoo.ZOO[name]()
-        c.model.set_attn_implementation("eager")  # type: ignore[operator]
         kwargs = {**c.kwargs, "use_cache": False}
         return Case(c.model, tuple(c.args), kwargs, c.loss_fn, tuple(c.targets))
     if name.startswith("hf-"):
@@ -151,8 +152,18 @@ def build(name: str) -> Case:
                 max_position_embeddings=seq,
             )
             model = made(lambda: LlamaForCausalLM(cfg))
-        model.set_attn_implementation("eager")
         return Case(model, (ids,), {"use_cache": False}, token_loss, (labels,))
+    if name == "transformer-encoder":  # torch's own layers at their defaults (dropout 0.1)
+        from sample_models.zoo import made
+
+        g = torch.Generator().manual_seed(0)
+
+        def encoder() -> nn.Module:
+            layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)
+            return nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+
+        x, y = (torch.randn(4, 256, 256, generator=g) for _ in range(2))
+        return Case(made(encoder), (x,), {}, nn.functional.mse_loss, (y,))
     if name == "diffusers-unet":
         from sample_models import diffusers_zoo
 
