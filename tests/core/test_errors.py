@@ -11,6 +11,7 @@ from helpers import SEED_BYTES, assert_same_grads, measured_step
 from torch import nn
 
 import core
+from app.cli import main
 from core.errors import BudgetError, InfeasibleBudget
 from core.frontier import minimum_budget
 from core.solvers import parse_budget
@@ -117,6 +118,29 @@ def _remat(*args: str, path: str = "") -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def remat(capsys, monkeypatch):
+    """`remat ARGS` run in this process (`app.cli.main`): its exit code and what it printed,
+    as `_remat`'s subprocess gives them, without a fresh interpreter importing torch per call
+    (test_cli_error_is_one_line_exit_2 keeps one real process). `path` goes on sys.path for
+    the call, and the modules imported from it are forgotten after."""
+
+    def run(*args: str, path: str = "") -> subprocess.CompletedProcess:
+        before = set(sys.modules)
+        with monkeypatch.context() as m:
+            if path:
+                m.syspath_prepend(path)
+            capsys.readouterr()
+            code = main(list(args))
+            out, err = capsys.readouterr()
+        for name in set(sys.modules) - before:
+            if path and str(getattr(sys.modules[name], "__file__", "")).startswith(path):
+                del sys.modules[name]
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return run
+
+
 def _one_error_line(result: subprocess.CompletedProcess) -> str:
     """The CLI's single `error:` line (exit 2, no traceback)."""
     assert result.returncode == 2, (result.returncode, result.stderr[-500:])
@@ -127,22 +151,22 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-def test_cli_builder_that_raises_or_exits_is_named(tmp_path):
+def test_cli_builder_that_raises_or_exits_is_named(tmp_path, remat):
     (tmp_path / "mybuilders.py").write_text(
         "import sys\n"
         "def boom():\n    raise RuntimeError('no data here')\n"
         "def leave():\n    sys.exit(0)\n"
     )
-    line = _one_error_line(_remat("inspect", "mybuilders:boom", path=str(tmp_path)))
+    line = _one_error_line(remat("inspect", "mybuilders:boom", path=str(tmp_path)))
     assert "mybuilders:boom raised RuntimeError: no data here" in line
-    line = _one_error_line(_remat("inspect", "mybuilders:leave", path=str(tmp_path)))
+    line = _one_error_line(remat("inspect", "mybuilders:leave", path=str(tmp_path)))
     assert "mybuilders:leave called sys.exit(0)" in line
-    debug = _remat("--debug", "inspect", "mybuilders:boom", path=str(tmp_path))
+    debug = remat("--debug", "inspect", "mybuilders:boom", path=str(tmp_path))
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
-@pytest.mark.slow  # a `remat` subprocess analyses a model
-def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
+@pytest.mark.slow  # `remat plan` analyses two models
+def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path, remat):
     """A builder returning a core.ModelCall, and a zoo name: the plan file carries the call,
     and applying it with the same loss_fn trains as the call says."""
     (tmp_path / "mycalls.py").write_text(
@@ -155,10 +179,10 @@ def test_cli_plans_a_model_called_with_keywords_and_a_loss_outside(tmp_path):
         "                          targets=(torch.randn(4, 8),))\n"
     )
     out = tmp_path / "plan.pkl"
-    result = _remat("plan", "mycalls:build", "--budget", "100%", "-o", str(out), path=str(tmp_path))
+    result = remat("plan", "mycalls:build", "--budget", "100%", "-o", str(out), path=str(tmp_path))
     assert result.returncode == 0, result.stderr[-800:]
     assert core.load_plan(out).graph_meta.call["loss"]
-    zoo = _remat(
+    zoo = remat(
         "plan",
         "hf-bert",
         "--budget",
@@ -192,16 +216,16 @@ def test_cli_error_is_one_line_exit_2():
 
 
 @pytest.mark.slow
-def test_cli_debug_shows_traceback():
-    result = _remat("--debug", "plan", "no-such-model", "--budget", "50%")
+def test_cli_debug_shows_traceback(remat):
+    result = remat("--debug", "plan", "no-such-model", "--budget", "50%")
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "error: unknown model" in result.stderr
 
 
 @pytest.mark.slow  # a `remat` subprocess analyses a model
-def test_cli_bad_budget_and_missing_file(tmp_path):
-    assert "error: cannot read the budget" in _remat("plan", "mlp-tiny", "--budget", "x").stderr
-    result = _remat("show", str(tmp_path / "missing.pkl"))
+def test_cli_bad_budget_and_missing_file(tmp_path, remat):
+    assert "error: cannot read the budget" in remat("plan", "mlp-tiny", "--budget", "x").stderr
+    result = remat("show", str(tmp_path / "missing.pkl"))
     assert result.returncode == 2 and "error: cannot read plan file" in result.stderr
 
 
