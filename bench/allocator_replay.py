@@ -30,8 +30,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core import Problem
-from core.simulator.timeline import Simulation
+from core import Problem, Simulation
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL = 1 << 20  # kSmallSize: the small pool's largest request

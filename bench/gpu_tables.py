@@ -44,13 +44,13 @@ from core import (
     Plan,
     Problem,
     Recompute,
+    Simulation,
+    autocast_casts,
     fmt_bytes,
     graph_dag,
     plan_from_runs,
     store_all_plan,
 )
-from core.native.simulate import autocast_casts
-from core.simulator.timeline import Simulation
 from sample_models.zoo import ZooCase
 
 MIB, GIB = 1 << 20, 1 << 30

@@ -30,6 +30,7 @@ from core.model_call import ModelCall
 from core.naming import OpName, block_title, op_name
 from core.native.lowering import lower
 from core.native.runtime import NativeHandle, NativeStep, native_handle
+from core.native.simulate import autocast_casts
 from core.parallel import ParallelError, ParallelPlan, parallel_plan, parallelize
 from core.plan import Plan, SavedPlan, load_plan
 from core.problem import Problem, analyze
@@ -66,6 +67,7 @@ __all__ = [
     "solve",
     "tradeoff",
     "minimum_budget",
+    "autocast_casts",
     "reorder",
     "lower",
     "LossHead",

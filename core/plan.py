@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import plan_io
 from core.errors import PlanMismatch
@@ -42,8 +42,31 @@ class Prediction:
     overhead: float
 
 
+class Figures:
+    """The figures a plan is judged by, read from its `prediction` (a `Plan` simulates it,
+    a `SavedPlan` carries the recorded one)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def prediction(self) -> Prediction: ...
+
+    @property
+    def predicted_peak(self) -> int:
+        return self.prediction.peak
+
+    @property
+    def predicted_time(self) -> float:
+        return self.prediction.time
+
+    @property
+    def overhead(self) -> float:
+        """Predicted time over the store-all time: 1.0 means no recomputation."""
+        return self.prediction.overhead
+
+
 @dataclass(frozen=True)
-class Plan:
+class Plan(Figures):
     """A program for one traced step (`problem`), with where it came from and what it
     predicts (its simulation on `problem`)."""
 
@@ -100,19 +123,6 @@ class Plan:
         return self.simulate().timeline
 
     @property
-    def predicted_peak(self) -> int:
-        return self.prediction.peak
-
-    @property
-    def predicted_time(self) -> float:
-        return self.prediction.time
-
-    @property
-    def overhead(self) -> float:
-        """Predicted time over the store-all time: 1.0 means no recomputation."""
-        return self.prediction.overhead
-
-    @property
     def predicted_host_bytes(self) -> int:
         """Most bytes the program parks in host memory at once (0 without offloads)."""
         return self.simulate().host_peak
@@ -147,7 +157,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class SavedPlan:
+class SavedPlan(Figures):
     """A plan read from a file: plain data, its figures those the file recorded. Apply it
     (`core.apply_plan`) or bind it (`core.bind`) to a model: that traces the model as the
     plan records and gives the `Plan` again, or a PlanMismatch saying what differs."""
@@ -160,18 +170,6 @@ class SavedPlan:
     graph_meta: GraphMeta
     prediction: Prediction
     notes: tuple[str, ...] = ()
-
-    @property
-    def predicted_peak(self) -> int:
-        return self.prediction.peak
-
-    @property
-    def predicted_time(self) -> float:
-        return self.prediction.time
-
-    @property
-    def overhead(self) -> float:
-        return self.prediction.overhead
 
     def on(self, problem: Problem) -> Plan:
         """The plan on `problem`, a trace of the step it records (same fingerprint), or a
