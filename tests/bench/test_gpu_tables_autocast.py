@@ -14,7 +14,7 @@ from bench.gpu_tables import (
     step_peak,
     strategy_plan,
 )
-from core.native.simulate import autocast_casts
+from core import autocast_casts
 
 _TINY_BERT = hf_model(
     "BertForSequenceClassification",
