@@ -67,6 +67,7 @@ from core.simulator.program import RUN, step_values
 from core.simulator.timeline import Step
 from core.simulator.walker import walk
 from core.trace.call import fake_call
+from core.trace.eager_branches import eager_branches
 
 aten = torch.ops.aten
 
@@ -850,16 +851,27 @@ def autosac_stats(
 
     fm = FakeTensorMode(allow_non_fake_inputs=False)
     fake = _fake_copy(model, fm)
+    known: list[tuple[torch.Tensor, torch.Tensor]] = []  # fake inputs and their real values
     if args is None:  # inputs shaped as traced
         fargs, fkwargs, ftargets = _traced_call(model, trace, fm)
     else:
-        to_fake = lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+
+        def to_fake(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            known.append((fm.from_tensor(t), t))
+            return known[-1][0]
+
         fargs = [to_fake(a) for a in args]
         fkwargs = {k: to_fake(v) for k, v in kwargs.items()}
         ftargets = [to_fake(t) for t in targets]
 
     def step() -> torch.Tensor:
-        out = fake(*fargs, **fkwargs)
+        # the model's branches on its inputs' values go as in eager (HF's mask: under fake
+        # tensors transformers' `is_tracing` builds one eager does not, and the estimator's
+        # per-op decisions would be counted on other ops than the step runs)
+        with eager_branches(known):
+            out = fake(*fargs, **fkwargs)
         return out if loss_fn is None else loss_fn(out, *ftargets)
 
     with fm, mock.patch.multiple(torch.cuda, **_cpu_cuda_timer()):

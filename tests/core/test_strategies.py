@@ -19,8 +19,8 @@ MODELS = ["gpt-tiny", "hf-gpt2"]
 
 
 def _case(name: str):
-    """(model, args, kwargs, loss_fn, targets). HF models with eager attention: their SDPA
-    path does not trace natively yet (another change is fixing it)."""
+    """(model, args, kwargs, loss_fn, targets), HF models at their defaults (SDPA attention,
+    dropout)."""
     if name == "hf-gpt2-d128":
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -39,17 +39,13 @@ def _case(name: str):
         model = made(lambda: GPT2LMHeadModel(cfg))
         g = torch.Generator().manual_seed(0)
         ids, labels = (torch.randint(0, 128, (2, 64), generator=g) for _ in range(2))
-        model.set_attn_implementation("eager")
         return model, (ids,), {"use_cache": False}, token_loss, (labels,)
     if name == "diffusers-unet":
         from sample_models import diffusers_zoo
 
         c = diffusers_zoo.unet()
         return c.model, c.args, c.kwargs, c.loss_fn, c.targets
-    model, args, kwargs, loss_fn, targets = case(name)
-    if name.startswith("hf-"):
-        model.set_attn_implementation("eager")
-    return model, args, kwargs, loss_fn, targets
+    return case(name)
 
 
 def _check(name: str, make) -> strategies.Imported:  # noqa: ANN001
