@@ -47,6 +47,13 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
         "are traced as plain ops; driven directly to replay a native region",
     ),
     PrivateAPI(
+        "torch.utils.checkpoint",
+        "_detach_helper",
+        "core/native/replay.py",
+        "selective checkpoint's own detach of a saved op's outputs (views keep their version "
+        "counter), used where a stretch's tape caches them as SAC's caching mode would",
+    ),
+    PrivateAPI(
         "torch._subclasses.fake_tensor",
         "FakeTensorMode",
         "core/trace, core/problem.py, core/strategies.py",

@@ -5,18 +5,26 @@ them.
 
 PyTorch's non-reentrant checkpoint is a generator (`_checkpoint_without_reentrant_generator`,
 the one `torch.distributed._composable.checkpoint` opens in a module's hooks): between its
-two steps the saved-tensor hooks and the selective policy's caching mode are active, and
-what it calls to recompute is a function of our choosing. Here the forward is the model's
-own code between two hooks, and the recompute replays the tape a dispatch mode recorded
-meanwhile: each op with the tensors it read, those made inside the stretch by reference
-(weakly: the tape holds none of them), those made before it held strongly (checkpoint's
-frame holds them, as it holds a submodule's inputs). The replay calls the same ATen ops in
-the same order under autograd, so autograd saves the same tensors; checkpoint restores the
-random state first, so dropout draws the same numbers; the selective policy's cache hands
-back what it saved. A value the replay made is dropped after the last op of the tape that
-reads it. An op of the stretch writing into a buffer made before it (batch-norm's running
-statistics) writes into scratch made when the plan was applied, so eager's update happens
-once; into any other tensor made before it: PlanMismatch (the lowering never cuts there).
+two steps its saved-tensor hooks are active, and what it calls to recompute is a function of
+our choosing. Here the forward is the model's own code between two hooks, and the recompute
+replays the tape a dispatch mode recorded meanwhile: each op with the tensors it read, those
+made inside the stretch by reference (weakly: the tape holds none of them), those made
+before it held strongly (checkpoint's frame holds them, as it holds a submodule's inputs).
+The replay calls the same ATen ops in the same order under autograd, so autograd saves the
+same tensors; checkpoint restores the random state first (for a stretch that draws random
+numbers), so dropout draws the same numbers. A value the replay made is dropped after the
+last op of the tape that reads it. An op of the stretch writing into a buffer made before
+it (batch-norm's running statistics) writes into scratch made when the plan was applied, so
+eager's update happens once; into any other tensor made before it: PlanMismatch (the
+lowering never cuts there).
+
+The same mode is the stretch's selective policy: it asks the region's policy about each op
+(PlanMismatch when eager runs another op than the trace) and keeps the outputs of the ops
+it saves detached, as `create_selective_checkpoint_contexts`' caching mode does; the replay
+hands them back below autograd (a one-op mode), as its cached mode does, and lets go of each
+once its op is through, so an early stop leaves the rest to checkpoint's frame. One Python
+dispatch per op in the forward, none in the replay but for the saved ops: the tape knows
+the order, where SAC's modes count calls per op.
 
 Under torch.compile the stretches are not opened (a dispatch mode cannot be compiled): the
 blocks they cover run whole, as eager does.
@@ -25,6 +33,7 @@ blocks they cover run whole, as eager does.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
     _checkpoint_without_reentrant_generator,
-    create_selective_checkpoint_contexts,
+    _detach_helper,
+    noop_context_fn,
 )
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from core.errors import PlanMismatch
 from core.native.boundaries import END, START
@@ -54,76 +63,80 @@ class _Made:
     out: int
 
 
-@dataclass(frozen=True)
-class _Outer:
-    """A tensor argument made before the stretch (held: the frame holds it)."""
-
-    tensor: torch.Tensor
+# (op, its positional args, its kwargs, whether they hold a `_Made`): tensors the stretch
+# made are `_Made`, tensors made before it are held as they are (the frame holds them)
+_Record = tuple[Any, tuple[Any, ...], dict[str, Any], bool]
 
 
 class Tape(TorchDispatchMode):
-    """The ATen ops a stretch's forward dispatches, with their arguments, to replay."""
+    """The ATen ops a stretch's forward dispatches, with their arguments, to replay, and
+    the outputs of those its policy saves (detached, as selective checkpoint's cache keeps
+    them), which the replay hands back instead of running the op again."""
 
-    def __init__(self, label: str, scratch: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(
+        self, label: str, scratch: dict[int, tuple[torch.Tensor, torch.Tensor]], policy: Any
+    ) -> None:
         super().__init__()
         self.label = label
         self.scratch = scratch  # id(buffer) -> (buffer, its scratch)
-        self.ops: list[tuple[Any, list[Any], Any]] = []
-        self.made: WeakTensorKeyDictionary | None = WeakTensorKeyDictionary()
+        self.policy = policy  # `saves(op)`: the next op is saved (PlanMismatch: not traced)
+        self.ops: list[_Record] = []
+        self.cache: dict[int, Any] = {}  # tape op -> its outputs, detached, until replayed
+        self.made: dict[int, tuple[weakref.ref, int, int]] = {}  # id -> (ref, op, out)
         self.outputs: list[int] = []  # tensors each op returned
+        self.last: dict[tuple[int, int], int] = {}  # a made tensor -> the last op reading it
         self.frees: list[list[tuple[int, int]]] = []  # slots each op's replay drops after
+        self._reads = False  # the op being recorded reads a tensor the stretch made
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        flat, spec = tree_flatten((args, kwargs))
-        written = _written(func, args, kwargs)
-        assert self.made is not None
-        record: list[Any] = []
-        for x in flat:
-            if not isinstance(x, torch.Tensor):
-                record.append(x)
-            elif x in self.made:
-                record.append(_Made(*self.made[x]))
-            elif id(x) in self.scratch and self.scratch[id(x)][0] is x:
-                # running statistics: batch norm writes them without saying so in its
-                # schema (`native_batch_norm`'s running_mean is no `Tensor(a!)`)
-                record.append(_Outer(self.scratch[id(x)][1]))
-            elif any(x is w for w in written):
-                record.append(_Outer(self._scratch(func, x)))
-            else:
-                record.append(_Outer(x))
-        out = func(*args, **kwargs)
         j = len(self.ops)
-        self.ops.append((func, record, spec))
-        tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        written = _written(func, args, kwargs)
+        self._reads = False
+        rec_args = tuple(self._arg(func, x, written, j) for x in args)
+        rec_kwargs = {k: self._arg(func, x, written, j) for k, x in kwargs.items()}
+        self.ops.append((func, rec_args, rec_kwargs, self._reads))
+        out = func(*args, **kwargs)
+        if id(func) not in _IGNORED and self.policy.saves(func):
+            self.cache[j] = _map(_detach_helper, out)
+        tensors = _tensors(out)
         self.outputs.append(len(tensors))
         for i, t in enumerate(tensors):
-            self.made[t] = (j, i)
+            self.made[id(t)] = (weakref.ref(t), j, i)
         return out
 
-    def _scratch(self, func: Any, x: torch.Tensor) -> torch.Tensor:
-        held = self.scratch.get(id(x))
-        if held is None or held[0] is not x:
-            raise PlanMismatch(
-                f"{self.label}: {func} writes into a tensor made before this stretch of the "
-                "forward, which its recompute would write again: analyse the model as it "
-                "runs now, or plan it with the interpreter runtime"
-            )
-        return held[1]
+    def _arg(self, func: Any, x: Any, written: tuple[torch.Tensor, ...], j: int) -> Any:
+        """`x` as the tape records it for op `j`."""
+        if isinstance(x, torch.Tensor):
+            made = self.made.get(id(x))
+            if made is not None and made[0]() is x:
+                self._reads = True
+                self.last[(made[1], made[2])] = j
+                return _Made(made[1], made[2])
+            held = self.scratch.get(id(x))
+            if held is not None and held[0] is x:
+                # running statistics: batch norm writes them without saying so in its
+                # schema (`native_batch_norm`'s running_mean is no `Tensor(a!)`)
+                return held[1]
+            if any(x is w for w in written):
+                raise PlanMismatch(
+                    f"{self.label}: {func} writes into a tensor made before this stretch of "
+                    "the forward, which its recompute would write again: analyse the model "
+                    "as it runs now, or plan it with the interpreter runtime"
+                )
+            return x
+        if type(x) in (list, tuple) and any(isinstance(y, torch.Tensor) for y in x):
+            return type(x)(self._arg(func, y, written, j) for y in x)
+        return x
 
     def finish(self) -> None:
         """The forward is done: note when the replay can drop each value (after the last
         op reading it, or at once), forget the stretch's own tensors."""
-        last: dict[tuple[int, int], int] = {}
-        for j, (_, record, _) in enumerate(self.ops):
-            for r in record:
-                if isinstance(r, _Made):
-                    last[(r.op, r.out)] = j
         self.frees = [[] for _ in self.ops]
         for j, n in enumerate(self.outputs):
             for i in range(n):
-                self.frees[last.get((j, i), j)].append((j, i))
-        self.made = None
+                self.frees[self.last.get((j, i), j)].append((j, i))
+        self.made.clear()
 
     def replay(self, *_anchor: Any) -> None:
         """Run the tape again (checkpoint's recompute): the same ops on the same inputs,
@@ -133,36 +146,91 @@ class Tape(TorchDispatchMode):
             for device in ("cpu", "cuda"):
                 if torch.amp.is_autocast_available(device):
                     stack.enter_context(torch.autocast(device, enabled=False))
-            for j, (func, record, spec) in enumerate(self.ops):
-                flat = [_value(r, slots) for r in record]
-                args, kwargs = tree_unflatten(flat, spec)
-                del flat
-                out = func(*args, **kwargs)
+            for j, (func, args, kwargs, reads) in enumerate(self.ops):
+                if reads:
+                    args = tuple(_value(x, slots) for x in args)
+                    kwargs = {k: _value(x, slots) for k, x in kwargs.items()}
+                if j not in self.cache:
+                    out = func(*args, **kwargs)
+                else:  # handed back below autograd, which records the op as it did
+                    with _Give(func, self.cache[j]):
+                        out = func(*args, **kwargs)
+                    # taken only once the op is through: checkpoint's early stop, raised as
+                    # autograd saves its inputs, leaves it to the frame, as SAC's cache does
+                    del self.cache[j]
                 del args, kwargs
-                for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+                for i, t in enumerate(_tensors(out)):
                     slots[(j, i)] = t
                 del out
                 for key in self.frees[j]:
                     del slots[key]
 
 
-def _value(r: Any, slots: dict[tuple[int, int], torch.Tensor]) -> Any:
-    if isinstance(r, _Made):
-        return slots[(r.op, r.out)]
-    return r.tensor if isinstance(r, _Outer) else r
+def _value(x: Any, slots: dict[tuple[int, int], torch.Tensor]) -> Any:
+    """A recorded argument with the tensors the replay made in place of their `_Made`."""
+    if isinstance(x, _Made):
+        return slots[(x.op, x.out)]
+    if type(x) in (list, tuple):
+        return type(x)(_value(y, slots) for y in x)
+    return x
 
 
-def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensor arguments `func` writes into (its schema's `Tensor(a!)`)."""
-    out = []
-    schema = func._schema
-    for k, arg in enumerate(schema.arguments):
-        info = arg.alias_info
-        if info is None or not info.is_write:
-            continue
-        value = args[k] if k < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-        out += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+class _Give(TorchDispatchMode):
+    """A saved op replayed: its forward's outputs handed back where the op would run (as
+    selective checkpoint's cached mode does), other ops run."""
+
+    def __init__(self, func: Any, out: Any) -> None:
+        super().__init__()
+        self.func = func
+        self.out = out
+        self.given = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is self.func and not self.given:
+            out, self.out, self.given = self.out, None, True
+            return out
+        return func(*args, **(kwargs or {}))
+
+
+def _map(f: Callable[[Any], Any], out: Any) -> Any:
+    """`f` applied to each tensor of an ATen op's outputs, the structure kept."""
+    if isinstance(out, torch.Tensor):
+        return f(out)
+    if type(out) in (list, tuple):
+        return type(out)(_map(f, x) for x in out)
     return out
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors an ATen op returned, in order (a tensor, or a tuple or list of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (list, tuple):
+        return [t for x in out for t in _tensors(x)]
+    return []
+
+
+_WRITES: dict[int, tuple[tuple[int, str, bool], ...]] = {}  # id(op) -> its written arguments
+_IGNORED = frozenset(map(id, SAC_IGNORED_OPS))  # ops selective checkpoint passes over
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
+    """The tensor arguments `func` writes into (its schema's `Tensor(a!)`)."""
+    places = _WRITES.get(id(func))
+    if places is None:
+        places = tuple(
+            (k, arg.name, arg.kwarg_only)
+            for k, arg in enumerate(func._schema.arguments)
+            if arg.alias_info is not None and arg.alias_info.is_write
+        )
+        _WRITES[id(func)] = places
+    if not places:
+        return ()
+    out: list[torch.Tensor] = []
+    for k, name, kwarg_only in places:
+        value = args[k] if k < len(args) and not kwarg_only else kwargs.get(name)
+        out += [t for t in _tensors(value) if isinstance(t, torch.Tensor)]
+    return tuple(out)
 
 
 class _Open:
@@ -174,16 +242,14 @@ class _Open:
         policy: Any,
         scratch: dict[int, tuple[torch.Tensor, torch.Tensor]],
         anchor: tuple[torch.Tensor, ...],
+        random: bool,
     ) -> None:
         self.stretch = stretch
         self.policy = policy
-        self.tape = Tape(stretch.label, scratch)
-
-        def contexts() -> tuple[Any, Any]:
-            return create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True)
-
+        self.tape = Tape(stretch.label, scratch, policy)
+        # the random state is kept for the replay only where it draws random numbers
         self.gen = _checkpoint_without_reentrant_generator(
-            self.tape.replay, True, contexts, "default", False, True, *anchor
+            self.tape.replay, random, noop_context_fn, "default", False, True, *anchor
         )
         next(self.gen)
         self.tape.__enter__()
@@ -220,6 +286,7 @@ class Stretches:
         self.stretches = stretches
         self.policy = policy
         self.starts: dict[Moment, Stretch] = {_key(s.start): s for s in stretches}
+        self.random = {_key(s.start): _draws(s) for s in stretches}
         self.ends: dict[Moment, Stretch] = {_key(s.end): s for s in stretches}
         self.scratch = _scratch(model)
         param = next(model.parameters(), None)
@@ -295,7 +362,17 @@ class Stretches:
                     f"{starting.label}: begins while {self.open.stretch.label} runs: the "
                     "model runs other code than it did when analysed"
                 )
-            self.open = _Open(starting, self.policy(starting), self.scratch, self.anchor)
+            self.open = _Open(
+                starting, self.policy(starting), self.scratch, self.anchor, self.random[moment]
+            )
+
+
+def _draws(stretch: Stretch) -> bool:
+    """Whether the stretch runs a random op (its replay must draw as its forward did)."""
+    return any(
+        isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+        for op in stretch.ops
+    )
 
 
 def _key(b: Any) -> Moment:

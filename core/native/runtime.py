@@ -75,24 +75,38 @@ class _Policy:
 
     def __init__(self, region: Region) -> None:
         self.region = region
+        self.ops, self.save = region.ops, region.save
         self.calls = 0
         self.per_op: dict[Any, int] = {}  # under torch.compile: calls per op so far
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if _UNTRACED[0] or op in SCALAR_READS:  # a read into Python: no traced node
-            return _RECOMPUTE
         if torch.compiler.is_compiling():
+            if _UNTRACED[0] or op in SCALAR_READS:
+                return _RECOMPUTE
             return self._traced(op)
-        region, n = self.region, self.calls
-        if n >= len(region.ops) or region.ops[n] != traced_as(op):
-            want = str(region.ops[n]) if n < len(region.ops) else "the end of the block"
+        return _SAVE if self.saves(op) else _RECOMPUTE
+
+    def saves(self, op: Any) -> bool:
+        """Whether eager's next op of the region, `op`, is saved; PlanMismatch when the
+        trace has another op there. Reads into Python and ops under `untraced_ops` are
+        none of the trace's: recomputed, not counted."""
+        if _UNTRACED[0]:
+            return False
+        ops, n = self.ops, self.calls
+        if n < len(ops) and ops[n] is op:  # the common case first: no hashing
+            self.calls = n + 1
+            return self.save[n]
+        if op in SCALAR_READS:  # a read into Python: no traced node
+            return False
+        if n >= len(ops) or ops[n] != traced_as(op):
+            want = str(ops[n]) if n < len(ops) else "the end of the block"
             raise PlanMismatch(
-                f"{region.module}: op {n} of the block runs {op}, the trace has {want}: the "
-                "model runs other ops than it did when analysed (training mode, autocast, "
-                "shapes or code changed); analyse the model as it runs now"
+                f"{self.region.module}: op {n} of the block runs {op}, the trace has {want}: "
+                "the model runs other ops than it did when analysed (training mode, "
+                "autocast, shapes or code changed); analyse the model as it runs now"
             )
-        self.calls += 1
-        return _SAVE if region.save[n] else _RECOMPUTE
+        self.calls = n + 1
+        return self.save[n]
 
     def _traced(self, op: Any) -> CheckpointPolicy:
         """The policy while torch.compile traces the region: its ops are decomposed otherwise
@@ -274,7 +288,8 @@ def _install_stretches(
     they begin and end, and the model's forward as the step's start and end."""
     if not lowering.stretches:
         return None
-    stretches = Stretches(model, lowering.stretches, lambda s: _Policy(_as_region(s)))
+    regions = {id(s): _as_region(s) for s in lowering.stretches}
+    stretches = Stretches(model, lowering.stretches, lambda s: _Policy(regions[id(s)]))
     restore.append((model, model.__dict__.get("forward")))
     forward = model.forward
 
