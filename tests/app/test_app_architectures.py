@@ -216,7 +216,6 @@ def test_an_architecture_from_the_menu_is_planned_for_the_gpu_chosen(page, monke
         assert "Planned with attention: flash attention (assumed for h100, bfloat16" in said
         assert page.inner_text(f"#{ids.ARCH_FIT}") == said  # beside the menu too
         wait_calm(page)  # the page's watcher reads the model menu's name as the views'
-        page.screenshot(path="test-results/arch-menu.png")
         assert "llama-tiny 1x64" in page.inner_text(f"#{ids.MODEL}")
     finally:
         stop()
