@@ -4,9 +4,11 @@ A plan's budget counts what one forward+backward holds beyond parameters and inp
 activations, temporaries and the gradients made so far. Training also holds the parameters
 and buffers, the batch, and the optimizer's state. `footprint` adds them up at the plan's
 peak step, assuming AdamW (two moments, each the size of the trainable parameters: fp32
-moments for fp32 parameters). `CAPACITY` is each device preset's memory (datasheets: A100
-SXM4 80 GB, H100 SXM5 80 GB, V100 SXM2 32 GB, RTX 4090 24 GB); for "cpu" and costs measured
-here, this machine's physical memory.
+moments for fp32 parameters). `CAPACITY` is each device preset's memory as the device
+reports it (`torch.cuda.get_device_properties().total_memory`, nvidia-smi's total): H100
+80GB HBM3 81,559 MiB and A100 80GB 81,920 MiB, as nvidia-smi prints them (e.g.
+modal-labs/modal-client#2797); V100 SXM2 32 GB and RTX 4090 24 GB from their datasheets, in
+GiB; for "cpu" and costs measured here, this machine's physical memory.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-GIB = 1 << 30
+MIB, GIB = 1 << 20, 1 << 30
 CAPACITY: dict[str, int] = {
-    "a100": 80 * GIB,
-    "h100": 80 * GIB,
+    "a100": 81_920 * MIB,
+    "h100": 81_559 * MIB,
     "v100": 32 * GIB,
     "rtx4090": 24 * GIB,
 }
