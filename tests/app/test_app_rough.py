@@ -48,7 +48,8 @@ def test_reveal_keeps_the_lessons_chart_in_view(ready):
     page.wait_for_function(
         """() => document.getElementById('lesson-title').textContent.startsWith('3/5')
           && document.querySelector('#method-value').textContent.startsWith('Rockmate')
-          && !document.body.hasAttribute('data-busy')"""
+          && !document.body.hasAttribute('data-busy')""",
+        timeout=600_000,  # three analyses: at load 23 on 2 cores 180 s was not enough
     )
     page.wait_for_function(IN_VIEW, arg=ids.TRADEOFF)  # the question scrolled to the chart
     page.click(f"#{ids.LESSON_REVEAL}")
