@@ -58,7 +58,7 @@ def url():
 def ready(page, url):
     page.set_viewport_size({"width": 1400, "height": 1100})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 60_000)
+    wait_ready(page, "gpt-tiny")
     page.wait_for_function("() => document.querySelector('#num-peak').textContent !== '–'")
     assert page.inner_text(f"#{ids.NATIVE_PEAK}").endswith("B")  # the plan run natively
     return page
@@ -263,11 +263,11 @@ def test_an_untraceable_model_shows_its_error(ready):
     page = ready
     choose(page, ids.MODEL, "untraceable")
     error = page.locator(f"#{ids.ERROR}")
-    error.wait_for(state="visible", timeout=60_000)
+    error.wait_for(state="visible")
     assert "cannot be traced" in error.inner_text()
     page.screenshot(path=str(SHOTS / "error.png"))
     choose(page, ids.MODEL, "gpt-tiny")  # the app stays up
-    error.wait_for(state="hidden", timeout=60_000)
+    error.wait_for(state="hidden")
 
 
 def type_budget(page, text: str) -> None:
@@ -329,9 +329,7 @@ def test_next_copy_is_enabled_only_on_a_plan_with_copies(ready):
     jump = page.locator(f"#{ids.JUMP_TRANSFER}")
     assert jump.is_disabled()  # offloading off: no copies to jump to
     page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
-    page.wait_for_function(
-        "(id) => !document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER, timeout=120_000
-    )
+    page.wait_for_function("(id) => !document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER)
     press(page, "End")  # the store-all budget: offloading needs no copy
     page.wait_for_function("(id) => document.getElementById(id).disabled", arg=ids.JUMP_TRANSFER)
     press(page, "Home")  # the smallest budget with offloading: copies again
@@ -395,7 +393,6 @@ def test_measure_here_draws_the_real_run_over_the_prediction(ready):
     page.wait_for_function(
         "() => document.querySelector('#timeline .js-plotly-plot').data"
         ".some(t => t.meta === 'measured')",
-        timeout=60_000,
     )
     fig = figure(page)
     measured = trace(fig, "measured")
@@ -463,7 +460,6 @@ def test_the_offload_switch_draws_host_bytes_the_transfer_lane_and_a_second_curv
     page.wait_for_function(
         """() => { const g = document.querySelector('#tradeoff .js-plotly-plot');
           return g && g.data.some(t => t.meta === 'offload'); }""",
-        timeout=120_000,
     )
     curves = page.evaluate(
         "() => document.querySelector('#tradeoff .js-plotly-plot').data.map(t => [t.meta, t.x])"

@@ -38,7 +38,7 @@ def test_switching_models_redraws_the_graph_without_errors(served, page):
     seen = errors_of(page)
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     for model in ("mlp-tiny", "resnet-tiny", "gpt-tiny"):
         choose(page, ids.MODEL, model)
         wait_ready(page, model, 180_000)
@@ -66,7 +66,7 @@ def test_five_pages_opened_at_once_all_load(served, browser):
     for page in pages:
         page.goto(url, wait_until="commit")
     for page in pages:
-        wait_ready(page, "gpt-tiny", 120_000)
+        wait_ready(page, "gpt-tiny")
     for c in contexts:
         c.close()
 
@@ -75,15 +75,15 @@ def test_a_setting_changed_during_an_analysis_is_applied(served, page):
     _, url = served
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     choose(page, ids.DEVICE, "rtx4090")
-    page.locator(f"#{ids.PROGRESS}").wait_for(state="visible", timeout=30_000)
+    page.locator(f"#{ids.PROGRESS}").wait_for(state="visible")
     choose(page, ids.DEVICE, "v100")  # while rtx4090's analysis runs
     page.wait_for_function(
         "() => /v100/i.test(document.querySelector('#intro').textContent)", timeout=180_000
     )
     choose(page, ids.DEVICE, "a100")
-    page.locator(f"#{ids.PROGRESS}").wait_for(state="visible", timeout=30_000)
+    page.locator(f"#{ids.PROGRESS}").wait_for(state="visible")
     page.check(f"#{ids.COSTS} input[value=measured]")  # while a100's analysis runs
     page.wait_for_function(
         "() => /measured/i.test(document.querySelector('#intro').textContent)", timeout=180_000

@@ -72,7 +72,6 @@ def test_a_budget_move_leaves_memory_against_batch_to_its_own_busy_sign(page, se
               return g.layout.meta.budget_pct === pct
                 && !document.body.hasAttribute('data-busy'); }""",
             arg=target,
-            timeout=120_000,
         )
         assert page.evaluate(SIGN, ids.BATCH_FIG).startswith("updating memory against batch")
         assert "batch" not in page.inner_text(f"#{ids.PROGRESS}")
@@ -90,8 +89,8 @@ def test_a_new_model_draws_its_first_timeline_before_its_curves(page, served):
     curves.open.clear()
     try:
         choose(page, ids.MODEL, "mlp-tiny")
-        wait_ready(page, "mlp-tiny", 120_000)  # the timeline, while no curve is computed
-        page.wait_for_function(CALM, timeout=120_000)
+        wait_ready(page, "mlp-tiny")  # the timeline, while no curve is computed
+        page.wait_for_function(CALM)
         assert page.evaluate(SIGN, ids.TRADEOFF).startswith("updating the trade-off curves")
     finally:
         curves.open.set()

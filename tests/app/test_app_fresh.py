@@ -78,7 +78,7 @@ SETTLED = """(want) => !document.body.hasAttribute('data-busy')
 
 
 def settle(page, model: str, device: str) -> None:
-    page.wait_for_function(SETTLED, arg={"model": model, "device": device}, timeout=120_000)
+    page.wait_for_function(SETTLED, arg={"model": model, "device": device})
 
 
 def wait_jobs_done(timeout: float = 300) -> None:
@@ -97,7 +97,7 @@ def samples(page) -> dict:
 def test_no_frame_shows_content_for_other_controls_without_the_busy_bar(page, url):
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     settle(page, "gpt-tiny", "cpu")
     page.evaluate(SAMPLER, {label: m for m, label in METHOD_LABELS.items()})
 

@@ -42,7 +42,7 @@ def test_the_lesson_runs_end_to_end(page, url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     assert page.locator(f"#{ids.LESSON_REVEAL}").is_disabled()  # no question yet
     page.click(f"#{ids.LESSON_START}")
     budgets, answers = [], []
@@ -82,8 +82,8 @@ def test_the_compare_view_puts_two_plans_side_by_side(page, url):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
-    page.wait_for_function("() => !document.body.hasAttribute('data-busy')", timeout=120_000)
+    wait_ready(page, "gpt-tiny")
+    page.wait_for_function("() => !document.body.hasAttribute('data-busy')")
     diff = page.locator(f"#{ids.COMPARE_DIFF}")
     diff.scroll_into_view_if_needed()  # drawn as it comes into sight
     # B defaults to checkpointing every block at 100%: A (the solver's plan) differs

@@ -41,7 +41,6 @@ def url() -> Iterator[str]:
 
 @pytest.fixture
 def ready(page, url):
-    page.set_default_timeout(120_000)
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
     wait_ready(page, "gpt-tiny", 180_000)

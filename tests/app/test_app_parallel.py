@@ -48,12 +48,11 @@ def test_a_model_too_large_to_re_trace_gets_a_note_not_a_wait(studio, monkeypatc
 def test_choosing_devices_shows_the_busy_bar_then_the_layouts(page, url):
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     fig = "document.querySelector('#parallel-fig .js-plotly-plot')"
     page.wait_for_function(
         f"() => !document.body.hasAttribute('data-busy') && {fig}.layout.meta"
         " && {fig}.layout.meta.devices === 1".replace("{fig}", fig),
-        timeout=120_000,
     )
     page.click(f"#{ids.DEVICES_N} input[value='4']")
     # the page is busy until the card is drawn for 4 devices: never stale and quiet
@@ -63,7 +62,6 @@ def test_choosing_devices_shows_the_busy_bar_then_the_layouts(page, url):
     )
     page.wait_for_function(
         f"() => {fig}.layout.meta.devices === 4 && !document.body.hasAttribute('data-busy')",
-        timeout=120_000,
     )
     names = page.evaluate(f"() => {fig}.layout.meta.layouts")
     assert {"plain DP", "FSDP", "dp2 x tp2 FSDP"} <= set(names)

@@ -58,8 +58,8 @@ def overlap(a: dict, b: dict) -> bool:
 def open_page(page, url, width: int, height: int) -> None:
     page.set_viewport_size({"width": width, "height": height})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
-    page.wait_for_function("() => !document.body.hasAttribute('data-busy')", timeout=120_000)
+    wait_ready(page, "gpt-tiny")
+    page.wait_for_function("() => !document.body.hasAttribute('data-busy')")
 
 
 def test_step_text_marker_and_graph_highlight_share_the_screen_at_1400x1000(page, url):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.browser
 def test_glossary_measured_here_and_a_model_with_little_to_show(page, url):
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(url)
-    wait_ready(page, "gpt-tiny", 120_000)
+    wait_ready(page, "gpt-tiny")
     terms = page.locator(".glossary dt").all_text_contents()  # folded: text, not inner text
     for word in ("store-all peak", "program step", "storage", "extra time", "prefetch", "stall"):
         assert word in terms, (word, terms)
@@ -34,6 +34,5 @@ def test_glossary_measured_here_and_a_model_with_little_to_show(page, url):
     page.wait_for_function(
         "() => !document.body.hasAttribute('data-busy') && "
         "document.querySelector('#intro b').textContent === 'resnet-tiny'",
-        timeout=120_000,
     )
     assert "Little to show on this model" in page.inner_text(f"#{ids.INTRO}")
