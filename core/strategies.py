@@ -52,7 +52,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 from core.errors import RematError, fmt_bytes
 from core.graph import Phase
 from core.memory import host_copy
-from core.native.lowering import python_held, refuse_chunked_head
+from core.native.lowering import module_nodes, python_held, refuse_chunked_head
 from core.native.simulate import (
     Checkpointed,
     NativeProgram,
@@ -217,25 +217,13 @@ def decoder_layers(model: nn.Module) -> list[str]:
 # Regions: a checkpointed module and what its policy saves, in graph ops
 
 
-def _module_nodes(problem: Problem, module: str) -> list[int]:
-    """Traced forward nodes run inside `module` (or its children), in order."""
-    prefix = module + "."
-    return [
-        n.index
-        for n in problem.graph.trace.nodes
-        if n.role == "op"
-        and n.module is not None
-        and (n.module == module or n.module.startswith(prefix))
-    ]
-
-
 def policy_ops(problem: Problem, module: str) -> list[int]:
     """The traced nodes a selective-checkpoint policy of `module` is asked about, in order:
     its ATen ops less the ones SAC passes by (`SAC_IGNORED_OPS`)."""
     nodes = problem.graph.trace.nodes
     return [
         n
-        for n in _module_nodes(problem, module)
+        for n in module_nodes(problem, module)
         if isinstance(nodes[n].target, torch._ops.OpOverload)
         and nodes[n].target not in SAC_IGNORED_OPS
     ]
@@ -253,7 +241,7 @@ def region(
         raise ValueError(f"{module}: {len(saved)} decisions for {len(order)} policy ops")
     cached = frozenset(op_of[n] for n, s in zip(order, saved) if s and n in op_of)
     inputs = python_held(problem).passed.get(module, frozenset())
-    nodes = frozenset(_module_nodes(problem, module))
+    nodes = frozenset(module_nodes(problem, module))
     return Checkpointed(nodes, cached, inputs, early_stop=early_stop)
 
 

@@ -276,7 +276,7 @@ def _made_value(graph: Graph, made: tuple[int, int], op_of: dict[int, int]) -> i
     return v if v in graph.ops[op_of[node]].outputs else None
 
 
-def _module_nodes(problem: Problem, module: str) -> list[int]:
+def module_nodes(problem: Problem, module: str) -> list[int]:
     """Traced forward nodes run inside `module` (or its children), in order."""
     prefix = module + "."
     return [
@@ -296,7 +296,7 @@ def _module_of(problem: Problem, block: int) -> str | None:
         return None
     graph, consts = problem.graph, set(problem.constant_ops)
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    nodes = _module_nodes(problem, name)
+    nodes = module_nodes(problem, name)
     forward = [n.index for n in graph.trace.nodes if n.role == "op" and n.module is not None]
     if not nodes or forward[forward.index(nodes[0]) : forward.index(nodes[-1]) + 1] != nodes:
         return None  # interleaved with other modules' ops: called twice, or shared
@@ -315,7 +315,7 @@ def _region(problem: Problem, block: int, module: str, kept: set[int], recompute
     graph = problem.graph
     nodes = graph.trace.nodes
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    every = _module_nodes(problem, module)
+    every = module_nodes(problem, module)
     order, save = save_mask(problem, every, kept, op_of)
     targets = tuple(nodes[n].target for n in order)
     cached = frozenset(op_of[n] for n, s in zip(order, save) if s and n in op_of)
