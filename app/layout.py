@@ -26,6 +26,7 @@ from app.figures.palette import FATE_COLORS
 from app.panels import compare_card, lesson_card
 from app.parallel_card import parallel_card
 from app.state import DEVICES, METHOD_LABELS, STEP_LABELS, STEP_OPTIONS
+from app.strategies import STRATEGY_LABELS
 from app.words import GLOSSARY
 from core import OPTIMIZER
 
@@ -144,7 +145,9 @@ def _busy_bar() -> html.Div:
 def _controls(models, model, method, methods):
     # the watcher reads the method menu's label: it needs each label's method
     labels: dict[str, Any] = {
-        "data-method-labels": json.dumps({label: m for m, label in METHOD_LABELS.items()})
+        "data-method-labels": json.dumps(
+            {label: m for m, label in {**METHOD_LABELS, **STRATEGY_LABELS}.items()}
+        )
     }
     return html.Div(
         className="controls card",

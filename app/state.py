@@ -7,9 +7,11 @@ results (see `app.cache`). Reading a plan back is `app.readback` (numbers) and `
 
 from __future__ import annotations
 
+import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,7 +23,11 @@ from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.explain import tensor_rows
 from app.models import as_call, resolve_builder
 from app.readback import live_bands
+from app.strategies import AUTOSAC_BUDGETS, AUTOSAC_MAX_OPS, FIXED, StrategyPoint
 from core import ModelCall, available_methods, device_memory, minimum_budget
+from core import strategies as imports
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gpt-tiny"
 BASELINES = ("store_all", "checkpoint_blocks", "sqrt_n")
@@ -139,6 +145,12 @@ class Studio:
         self.problems = LRU(PROBLEMS)
         self.plans = LRU(PLANS)
         self.derived = LRU(DERIVED)
+        # each cached problem's model, kept alive while the problem is: the imported
+        # strategies run on the model itself (`core.strategies`), which the problem only
+        # references weakly
+        self.models: weakref.WeakKeyDictionary[core.Problem, torch.nn.Module] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -------------------------------------------------------------- problems
 
@@ -177,13 +189,15 @@ class Studio:
 
             with first_in_line():
                 check_cancelled()
-                return call.analyze(
+                problem = call.analyze(
                     costs=costs,
                     device="cpu" if device == "here" else device,
                     name=model_name,
                     progress=tick,
                     **step_options(call, step),
                 )
+            self.models[problem] = call.model
+            return problem
 
         return self.problems.get_or_make(key, make)
 
@@ -287,6 +301,102 @@ class Studio:
 
         return self.derived.get_or_make(("parallel", key, devices), make)
 
+    # -------------------------------------------------------------- imported strategies
+
+    def imported(
+        self,
+        key: str,
+        method: str,
+        budget: int | None = None,
+        lock: Callable[[], AbstractContextManager[None]] = first_in_line,
+    ) -> imports.Imported:
+        """The strategy `method` (`core.strategies.METHODS`) applied to the analysed model,
+        predicted by the native simulation; auto-SAC solved for `budget` bytes. Cached; made
+        under `lock` (the studio's: auto-SAC runs the model under fake tensors and times its
+        ops, a diffusers model's checkpointed blocks are found by a fake forward). Raises
+        `NotApplicable` with the reason."""
+        problem = self.problem(key)
+        wanted = int(budget) if method == "autosac" and budget is not None else None
+
+        def make() -> imports.Imported:
+            if method == "autosac":
+                autosac_refused(problem)
+            with lock():
+                check_cancelled()
+                return imports.by_method(problem, method, wanted)
+
+        return self.derived.get_or_make(("imported", key, method, wanted), make)
+
+    def strategies(self, key: str) -> dict[str, str | None]:
+        """Each imported strategy for the analysis `key`: None where it applies, else why
+        not (cached). The fixed ones are imported here (milliseconds each); auto-SAC, which
+        solves per budget, only needs decoder layers and a graph it can time."""
+
+        def make() -> dict[str, str | None]:
+            problem = self.problem(key)
+            out: dict[str, str | None] = {}
+            for method in imports.METHODS:
+                try:
+                    if method in FIXED:
+                        self.imported(key, method)
+                    else:
+                        autosac_refused(problem)
+                        model = self.models.get(problem)
+                        if model is None:
+                            raise imports.NotApplicable(f"the model of {key} is gone")
+                        imports.decoder_layers(model)
+                    out[method] = None
+                except core.RematError as err:
+                    out[method] = str(err)
+            return out
+
+        return self.derived.get_or_make(("strategies", key), make)
+
+    def strategy_points(self, key: str, autosac: bool = False) -> list[StrategyPoint]:
+        """The applicable strategies' predicted (peak, time) for the trade-off chart: one
+        point per fixed plan, and with `autosac` auto-SAC at each of `AUTOSAC_BUDGETS` where
+        its ILP checkpoints something. Cached; the trade-off chart's job computes them, under
+        the background charts' lock rule (`after_the_page`). Auto-SAC first times every op
+        of the step (7.5 s on gpt-tiny here): the chart asks for it once auto-SAC is chosen,
+        not on every analysis (`autosac_drawn`)."""
+
+        def fixed() -> list[StrategyPoint]:
+            offered = self.strategies(key)
+            points = []
+            for method in FIXED:
+                if offered[method] is None:
+                    p = self.imported(key, method, lock=after_the_page).prediction
+                    points.append(StrategyPoint(method, p.peak, p.overhead))
+            return points
+
+        def solved() -> list[StrategyPoint]:
+            if self.strategies(key)["autosac"] is not None:
+                return []
+            peak = self.problem(key).store_all_peak
+            points = []
+            for fraction in AUTOSAC_BUDGETS:
+                budget = int(fraction * peak)
+                try:
+                    got = self.imported(key, "autosac", budget, lock=after_the_page)
+                except core.RematError:
+                    continue  # refused at this budget: no point
+                except Exception:  # torch's own tooling failing on this model
+                    log.exception("auto-SAC at %s bytes on %s failed", budget, key)
+                    break
+                if got.modules:  # sac_milp found a solution: it checkpoints something
+                    p = got.prediction
+                    points.append(StrategyPoint("autosac", p.peak, p.overhead, budget))
+            return points
+
+        points = self.derived.get_or_make(("strategy-points", key), fixed)
+        if autosac:
+            points = points + self.derived.get_or_make(("autosac-points", key), solved)
+        return points
+
+    def autosac_drawn(self, key: str) -> bool:
+        """Whether auto-SAC's points of the analysis `key` are computed (cached)."""
+        return ("autosac-points", key) in self.derived
+
     def tensors(self, key: str, method: str, budget: int) -> list[dict]:
         """The per-tensor view's rows for a plan (cached: the view and the peak list share it)."""
 
@@ -295,6 +405,23 @@ class Studio:
             return tensor_rows(problem, plan, live_bands(problem, plan))
 
         return self.derived.get_or_make(("tensors", key, method, int(budget)), make)
+
+
+def autosac_refused(problem: core.Problem) -> None:
+    """NotApplicable where the page does not offer auto-SAC: its statistics time every op
+    of the step for real on this machine (a model on the meta device has no data to time; a
+    large graph takes minutes)."""
+    if len(problem.graph.ops) > AUTOSAC_MAX_OPS:
+        raise imports.NotApplicable(
+            f"auto-SAC times each of the step's ops here: offered on graphs of at most "
+            f"{AUTOSAC_MAX_OPS} ops, this one has {len(problem.graph.ops)} "
+            f"(`remat plan {problem.name} --method autosac --budget BYTES` runs it)"
+        )
+    model = problem.model_ref() if problem.model_ref is not None else None
+    if model is not None and any(p.is_meta for p in model.parameters()):
+        raise imports.NotApplicable(
+            "auto-SAC times each op for real: a model on the meta device has no data to time"
+        )
 
 
 def step_options(call: ModelCall, step: Sequence[str]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dash import Dash, Input, Output, State, html, no_update, set_props
 from dash.exceptions import PreventUpdate
@@ -17,6 +18,7 @@ from app.explain import link_text
 from app.figures.axes import empty_figure
 from app.readback import percent, slider_minimum
 from app.state import BASELINES, METHOD_LABELS, STEP_OPTIONS, Studio, base_key
+from app.strategies import SHORT, STRATEGY_LABELS, is_strategy
 from app.words import intro
 
 log = logging.getLogger(__name__)
@@ -171,7 +173,7 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
     low = context.get("slider_min", lo)
     value = context.get("value", start_value(lo, value))
     sig = context["for"]
-    label = METHOD_LABELS.get(context["method"], context["method"]).split(" (")[0]
+    label = METHOD_LABELS.get(solver(context), solver(context)).split(" (")[0]
     marks = {low: f"{low:g}%", 100: "100%"}
     if lo > low:  # the method's own least budget, where it differs from the model's
         marks[lo] = f"{label}: {lo:g}%" if lo < 100 else f"100%: {label}'s only budget"
@@ -181,7 +183,7 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
         "error_for": sig,
         "intro_for": sig,
         "graph_for": sig,
-        "methods": [{"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]],
+        "methods": method_options(context),
         "low": low,
         "marks": marks,
         "budget": value,
@@ -192,14 +194,92 @@ def context_view(studio: Studio, context: dict, value: float | None) -> dict:
     }
 
 
+def method_options(context: dict) -> list[dict]:
+    """The method menu: our solvers, then the imported strategies that apply to the model
+    (one that does not is listed disabled, its reason in its label's tooltip)."""
+    options: list[dict] = [
+        {"label": METHOD_LABELS.get(m, m), "value": m} for m in context["methods"]
+    ]
+    for method, why in (context.get("strategies") or {}).items():
+        label = STRATEGY_LABELS[method]
+        if why is None:
+            options.append({"label": label, "value": method})
+        else:
+            short = label.split(" (")[0]
+            options.append(
+                {
+                    "label": html.Span(f"{short} (not on this model)", title=why),
+                    "value": method,
+                    "disabled": True,
+                }
+            )
+    return options
+
+
+def solver(context: dict) -> str:
+    """Our method the chart's curve and the slider's range are for: the menu's, or with an
+    imported strategy chosen, the default solver's (`prepare` put it in the context)."""
+    return context.get("solver") or context["method"]
+
+
 def curves_view(studio: Studio, context: dict, value: float | None) -> tuple[dict, str]:
     """The trade-off chart and its note for the analysis `context` (computed here on a miss:
-    seconds to a minute on the small graphs whose rockmate also runs a whole-graph ILP)."""
+    seconds to a minute on the small graphs whose rockmate also runs a whole-graph ILP), with
+    the imported strategies' predicted points beside the curves."""
     problem = studio.problem(context["key"])
     value = value if value is not None else context.get("value", 100.0)
-    figure = stamp(tradeoff_chart(studio, context, value), context["for"])
+    chart = tradeoff_chart(studio, context, value)
+    key = context["key"]
+    autosac = context["method"] == "autosac" or studio.autosac_drawn(key)
+    points = studio.strategy_points(key, autosac)
+    figures.add_strategy_points(
+        chart, strategy_marks(points, problem.store_all_peak), context["method"]
+    )
+    figure = stamp(chart, context["for"])
     note = tradeoff_note(context, link_text(problem)) + " " + floor_gap(context, problem)
-    return figure, note
+    return figure, note + strategies_note(context, points, autosac)
+
+
+def strategy_marks(points: Sequence[Any], peak: int) -> list[figures.StrategyMark]:
+    """The chart's marks for the imported strategies' points: x their predicted peak as %
+    of store-all (not a budget: a fixed plan has none), y their extra time."""
+    return [
+        figures.StrategyMark(
+            p.method,
+            STRATEGY_LABELS[p.method].split(" (")[0],
+            SHORT[p.method],
+            percent(p.peak, peak),
+            100 * (p.overhead - 1),
+            None if p.budget is None else percent(p.budget, peak),
+        )
+        for p in points
+    ]
+
+
+def strategies_note(context: dict, points: Sequence[Any], autosac: bool) -> str:
+    """What the strategies' points are, and which strategies are not drawn, and why."""
+    offered = context.get("strategies") or {}
+    if not points and not offered:
+        return ""
+    said = (
+        " Points: the strategies users run today, at their predicted peak and extra time, "
+        "predicted by the native simulation: where our curve lies left of or below one, a "
+        "plan of ours fits in less memory or runs faster at that peak."
+    )
+    if offered.get("autosac") is None and not autosac:
+        said += (
+            " PyTorch auto-SAC solves per budget and first times every op of the step: "
+            "choose it in the method menu to draw its points."
+        )
+    missing = [SHORT[m] for m, why in offered.items() if why is not None]
+    if any(p.method == "torchtune" for p in points) and not context.get("offload"):
+        said += (
+            " torchtune offloads rather than recomputes: turn on offloading to draw the "
+            "remat+offload curve beside it."
+        )
+    if missing:
+        said += f" Not on this model: {', '.join(missing)} (see the method menu)."
+    return said
 
 
 LITTLE = 90.0  # a smallest budget this close to 100% leaves nothing to teach
@@ -243,12 +323,19 @@ def analyse(
 
     problem = studio.problem(key, lambda stage, frac: bar(2, 85, f"{model}: {stage}…")(frac))
     methods = studio.methods(problem)
-    if method not in methods:
+    set_progress(["84", f"{model}: which strategies users run apply…"])
+    offered = studio.strategies(key)
+    imported = is_strategy(method) and offered.get(method) is None
+    if method not in methods and not imported:
         method = studio.default_method()
+    # an imported strategy has no budget range of its own: the slider spans our solver's
+    ours = studio.default_method() if imported else method
     # the slider's range only: the curves are `draw_curves`' job, after the first timeline
-    set_progress(["85", f"{model}: the smallest budget {method} meets…"])
-    minimum = studio.minimum(key, method)
-    offload_method = studio.offload_method if offload else None
+    set_progress(["85", f"{model}: the smallest budget {ours} meets…"])
+    minimum = studio.minimum(key, ours)
+    # an imported strategy runs as its own code does: the offload switch is ours (`solved`
+    # says so under the slider)
+    offload_method = studio.offload_method if offload and not imported else None
     if offload_method:
         set_progress(["88", f"{model}: the smallest budget with offloading…"])
         minimum = min(minimum, studio.minimum(key, offload_method))
@@ -258,11 +345,21 @@ def analyse(
     # method: store-all's range alone is one point, 100%
     lowest = min(minimum, studio.minimum(key, studio.default_method()))
     start = start_value(lo, value) if set_to is None else max(lo, min(100.0, set_to))
-    set_progress(["97", f"{model}: solving at {start:g}% of the store-all peak…"])
-    try:  # warm the plan `solve` draws first; an impossible budget is its to explain
-        studio.plan(key, offload_method or method, int(start / 100 * peak))
-    except core.InfeasibleBudget:
-        pass
+    if imported:  # warm what `solve` draws first; a refusal is its to explain
+        doing = "PyTorch auto-SAC times each op" if method == "autosac" else "importing"
+        set_progress(["97", f"{model}: {doing}…"])
+        try:
+            studio.imported(key, method, int(start / 100 * peak))
+        except Cancelled:
+            raise
+        except Exception:
+            log.info("importing %s on %s failed (shown under the slider)", method, key)
+    else:
+        set_progress(["97", f"{model}: solving at {start:g}% of the store-all peak…"])
+        try:  # warm the plan `solve` draws first; an impossible budget is its to explain
+            studio.plan(key, offload_method or method, int(start / 100 * peak))
+        except core.InfeasibleBudget:
+            pass
     set_progress(["100", f"{model}: drawing…"])
     return {
         "key": key,
@@ -270,6 +367,8 @@ def analyse(
         "method": method,
         "offload": offload_method,
         "methods": methods,
+        "strategies": offered,
+        "solver": ours,
         "peak": peak,
         "minimum": minimum,
         "min_pct": lo,
@@ -311,7 +410,7 @@ def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
     curve when the switch is on (`prepare` computed it)."""
     key, peak = context["key"], context["peak"]
     curves = {}
-    for m in [context["method"], *BASELINES]:
+    for m in [solver(context), *BASELINES]:
         if m in context["methods"] and m not in curves:
             points = studio.tradeoff(key, m)
             curves[m] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
@@ -323,7 +422,7 @@ def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
     return figures.tradeoff_figure(
         curves,
         METHOD_LABELS,
-        offload or context["method"],
+        offload or solver(context),
         value,
         (percent(floor.nbytes, peak), floor.op),
     )
@@ -332,7 +431,7 @@ def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
 def floor_gap(context: dict, problem: core.Problem) -> str:
     """Why the slider stops above the floor's band: the gap between them in words."""
     floor_pct = percent(problem.floor.nbytes, context["peak"])
-    label = METHOD_LABELS.get(context["method"], context["method"])
+    label = METHOD_LABELS.get(solver(context), solver(context))
     return (
         f"The slider starts at {context['min_pct']:g}%, the lowest budget {label} meets; the "
         f"grey band ends at the floor, {floor_pct:.1f}%, the inputs and outputs of one op "

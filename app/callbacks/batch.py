@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 from app import ids
 from app.batch import BATCHES, batch_figure, batch_rows
 from app.cache import Cancelled
-from app.callbacks.common import plain_error, stamp
+from app.callbacks.common import NOT_OURS, blank, plain_error, stamp
 from app.callbacks.fit import device_words
 from app.figures.axes import empty_figure
 from app.state import METHOD_LABELS, Studio, after_the_page, base_key
@@ -34,6 +34,8 @@ def register(app: Dash, studio: Studio) -> None:
         prevent_initial_call=True,
     )
     def draw_batch(plan_ref):
+        if plan_ref and plan_ref.get("strategy"):  # an imported strategy: ours only
+            return blank(plan_ref["for"], NOT_OURS, 260), ""
         if not plan_ref or not plan_ref.get("key"):
             raise PreventUpdate
         try:

@@ -18,6 +18,7 @@ from app.callbacks.graph import GRAPH_VIEW, graph_view
 from app.callbacks.memory import arena_view, tensors_view, transfers_view
 from app.explain import peak_hint
 from app.state import Studio
+from app.strategies import hint, is_strategy
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,8 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
     budget = int(value / 100 * peak)
     label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
     sig = plan_sig(context["for"], value)
+    if is_strategy(context["method"]):
+        return imported_solved(studio, context, value, step)
     try:
         plan = studio.plan(key, method, budget)
     except Exception as err:  # an infeasible budget, in words under the slider
@@ -237,6 +240,83 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
     }
 
 
+def imported_solved(
+    studio: Studio, context: dict, value: float, step: int | None
+) -> dict[str, Any]:
+    """`SOLVED`'s values for an imported strategy (`app.strategies`): its timeline and
+    numbers as the native simulation predicts them (auto-SAC solved for the slider's
+    budget), what the budget does to it said under the slider; or why it does not apply."""
+    key, peak, method = context["key"], context["peak"], context["method"]
+    budget = int(value / 100 * peak)
+    label = f"{fmt(budget)} · {value:g}% of {fmt(peak)}"
+    sig = plan_sig(context["for"], value)
+    try:
+        imported = studio.imported(key, method, budget)
+    except Exception as err:  # not on this model, or torch's own tooling failed: in words
+        if not isinstance(err, core.RematError):
+            log.exception("importing %s on %s at %s bytes failed", method, key, budget)
+        return {
+            **dict.fromkeys(PLAN_NUMBERS, "–"),
+            "timeline": blank(sig, "no prediction for this strategy here", 380),
+            "budget": label,
+            "plan": {"for": sig},
+            "error": plain_error(err),
+            "error_hidden": False,
+            "step": None,
+            "hint": "",
+            "for": sig,
+        }
+    problem = studio.problem(key)
+    steps = imported.timeline
+    p = imported.prediction
+    fig = figures.timeline_figure(
+        steps,
+        imported.program.backward_start,
+        budget,
+        [b.name for b in problem.blocks],
+        unit=figures.pick_unit(peak),
+        updates=update_steps(problem, steps),
+    )
+    fig["layout"]["meta"]["budget_pct"] = value
+    fig["layout"]["meta"]["strategy"] = method
+    stamp(fig, sig)
+    notes = " ".join(imported.notes)
+    if imported.bound is not None:
+        notes = f"Its own peak bound: {fmt(imported.bound)}. {notes}".strip()
+    if context.get("offload") is None and "|on" in context["for"]:
+        notes += " The offload switch is ours: the strategy runs as its own code does."
+    return {
+        "timeline": fig,
+        "peak": fmt(p.peak),
+        "overhead": f"{100 * (p.overhead - 1):.1f}%",
+        "recomputed": f"{sum(1 for s in steps if s.recompute)}",
+        "solve_time": "–",
+        "host": "–",
+        "native": fmt(p.peak),  # it is a native program: this is its prediction
+        "budget": label,
+        "for": sig,
+        "plan": imported_ref(context, value),
+        "error": "",
+        "error_hidden": True,
+        "step": None if step is not None else no_update,
+        "hint": hint(method, p.peak, p.overhead, budget, peak, notes.strip()),
+    }
+
+
+def imported_ref(context: dict, value: float) -> dict[str, Any]:
+    """The PLAN store's value for an imported strategy: its controls and which strategy;
+    no plan of ours, so the plan views (`plan_of`) say they are drawn for ours only and the
+    step-through has no steps."""
+    return {
+        "for": plan_sig(context["for"], value),
+        "strategy": context["method"],
+        "value": value,
+        "copies": 0,
+        "recomputes": 0,
+        "steps": 0,
+    }
+
+
 def plan_ref(studio: Studio, context: dict, value: float) -> dict[str, Any]:
     """The PLAN store's value for a budget of `value`%: what names the plan (its controls,
     analysis, method, bytes) and what the page's buttons need; only its controls when no
@@ -245,6 +325,8 @@ def plan_ref(studio: Studio, context: dict, value: float) -> dict[str, Any]:
     method = context.get("offload") or context["method"]
     budget = int(value / 100 * peak)
     sig = plan_sig(context["for"], value)
+    if is_strategy(context["method"]):
+        return imported_ref(context, value)
     try:
         plan = studio.plan(key, method, budget)
     except Exception:  # `solved` says why, under the slider

@@ -33,7 +33,7 @@ def plain_error(err: BaseException) -> str:
 def plan_of(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:
     """The plan (and problem) a PLAN store names, from the caches; (None, None) when there is
     none or it cannot be made (an infeasible budget is expected; anything else is logged)."""
-    if not plan_ref or not plan_ref.get("key"):
+    if not plan_ref or not plan_ref.get("key"):  # none, or an imported strategy's
         return None, None
     try:
         plan = studio.plan(plan_ref["key"], plan_ref["method"], plan_ref["budget"])
@@ -44,6 +44,16 @@ def plan_of(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:
         log.exception("cannot make the plan %s", plan_ref)
         return None, None
     return plan, studio.problem(plan_ref["key"])
+
+
+# what a plan view says for an imported strategy (`app.strategies`): it has a timeline and
+# numbers, not a plan of ours to draw tensors, addresses, footprints or comparisons from
+NOT_OURS = "drawn for our plans: an imported strategy has its timeline and numbers"
+
+
+def no_plan_words(plan_ref: dict | None) -> str:
+    """Why a plan view is empty: no plan fits the budget, or the method is imported."""
+    return NOT_OURS if plan_ref and plan_ref.get("strategy") else "no plan at this budget"
 
 
 def shown(studio: Studio, plan_ref: dict | None) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ from dash import Dash, Input, Output, Patch, State, html
 
 import core
 from app import figures, ids
-from app.callbacks.common import blank, plain_error, plan_of, stamp
+from app.callbacks.common import NOT_OURS, blank, plain_error, plan_of, stamp
 from app.readback import fate_of_ops
 from app.state import METHOD_LABELS, Studio
 from core import fmt_bytes, op_name
@@ -54,7 +54,9 @@ def compare_view(
     sig = (plan_ref or {}).get("for") or ""
     plan_a, problem = plan_of(studio, plan_ref)
     if plan_a is None or plan_ref is None or not context or not context.get("key"):
-        note = blank(sig, "no plan on screen", 260)
+        note = blank(
+            sig, NOT_OURS if (plan_ref or {}).get("strategy") else "no plan on screen", 260
+        )
         return {"a": note, "b": note, "diff": "", "b_is": ""}
     peak = problem.store_all_peak
     pct_b = float(pct_b if pct_b is not None else plan_ref["value"])

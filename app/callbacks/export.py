@@ -29,9 +29,15 @@ def register(app: Dash, studio: Studio) -> None:
     def export(_clicks, plan_ref):
         plan, _ = plan_of(studio, plan_ref)
         if plan is None:
+            strategy = (plan_ref or {}).get("strategy")
             return {
                 "download": no_update,
-                "error": "There is no plan to export yet: choose a feasible budget.",
+                "error": (
+                    f"{strategy} is imported, not a plan of ours: it runs with its own code "
+                    f"(core.strategies.by_method(problem, {strategy!r}) predicts it)."
+                    if strategy
+                    else "There is no plan to export yet: choose a feasible budget."
+                ),
                 "error_hidden": False,
             }
         try:

@@ -12,7 +12,7 @@ from dash.exceptions import PreventUpdate
 
 from app import figures, ids
 from app.arena import arena_figure
-from app.callbacks.common import blank, plan_of, shown, stamp
+from app.callbacks.common import blank, no_plan_words, plan_of, shown, stamp
 from app.explain import link_text
 from app.readback import alive_at, fate_at, peak_step
 from app.reasons import peak_reason
@@ -97,7 +97,7 @@ def plan_view(studio: Studio, plan_ref: dict | None, draw: Callable[[Any, Any], 
     if sig is None:
         raise PreventUpdate
     if plan is None:
-        return blank(sig, "no plan at this budget")
+        return blank(sig, no_plan_words(plan_ref))
     return stamp(draw(plan, problem), sig)
 
 

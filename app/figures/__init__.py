@@ -24,6 +24,8 @@ from app.figures.timeline import (
 )
 from app.figures.tradeoff import (
     OFFLOAD_CURVES,
+    StrategyMark,
+    add_strategy_points,
     budget_shape,
     floor_note,
     floor_shape,
@@ -46,6 +48,8 @@ __all__ = [
     "T_PEAK",
     "T_RECOMPUTE",
     "T_TEMPORARIES",
+    "StrategyMark",
+    "add_strategy_points",
     "budget_shape",
     "decimate",
     "step_x",

@@ -34,6 +34,13 @@ METHOD_COLORS = {
     "pofo": "#b279a2",
 }
 OTHER_METHOD = "#7f7f7f"  # a method without a colour of its own
+# the strategies users run today (imported, `core.strategies`): their points on the chart
+STRATEGY_COLORS = {
+    "hf": "#d62728",
+    "torchtitan": "#6a3d9a",
+    "torchtune": "#e377c2",
+    "autosac": "#17becf",
+}
 TRANSFER_COLORS = {"offload": "#b279a2", "prefetch": "#7b4fa0", "stall": "#e45756"}
 BLOCK_TINTS = ["#e8f0fb", "#fdf0e2", "#e9f5e8", "#f7e8f2", "#eef0d9", "#e6f4f4", "#f3e9dc"]
 

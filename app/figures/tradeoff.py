@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from app.figures.axes import legend_below
 from app.figures.palette import (
@@ -12,6 +13,7 @@ from app.figures.palette import (
     METHOD_COLORS,
     OTHER_METHOD,
     REST,
+    STRATEGY_COLORS,
 )
 
 OFFLOAD_CURVES = ("offload", "pofo")  # drawn dashed: remat+offload beside remat-only
@@ -204,3 +206,84 @@ def budget_shape(budget_pct: float | None) -> dict:
         "y1": 1,
         "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 1.5},
     }
+
+
+# each imported strategy's marker: told apart from the curves' markers and from each other
+STRATEGY_SYMBOLS = {
+    "hf": "x",
+    "torchtitan": "cross",
+    "torchtune": "hexagram",
+    "autosac": "star-diamond",
+}
+
+
+@dataclass(frozen=True)
+class StrategyMark:
+    """An imported strategy's point: x its predicted peak (% of store-all), y its extra time
+    (%); `budget_pct` what auto-SAC was asked for (None for a fixed plan)."""
+
+    method: str
+    label: str  # the legend's and the hover's name
+    short: str  # written beside the marker
+    peak_pct: float
+    extra_pct: float
+    budget_pct: float | None = None
+
+
+def add_strategy_points(fig: dict, marks: Sequence[StrategyMark], current: str) -> dict:
+    """`fig` (a `tradeoff_figure`) with the imported strategies beside the curves: each fixed
+    plan one labelled marker at (its predicted peak, its extra time), auto-SAC one marker
+    per budget it was solved at, joined by a dotted line and labelled once; `current` (the
+    menu's method) drawn larger. The axes widen to take them in. Their x is a peak, not a
+    budget: at that x, our curve's y is what a plan of ours fitting in the same memory
+    costs."""
+    by: dict[str, list[StrategyMark]] = {}
+    for m in marks:
+        by.setdefault(m.method, []).append(m)
+    layout = fig["layout"]
+    for method, group in by.items():
+        group = sorted(group, key=lambda m: m.peak_pct)
+        first = group[0]
+        big = method == current
+        budgets = [m.budget_pct for m in group]
+        name = first.label + (" at several budgets" if len(group) > 1 else "")
+        asked = "<br>asked for %{customdata:.1f}%" if budgets[0] is not None else ""
+        fig["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers+text" if len(group) > 1 else "markers+text",
+                "name": f"{name} (predicted)",
+                "x": [round(m.peak_pct, 2) for m in group],
+                "y": [round(m.extra_pct, 2) for m in group],
+                "customdata": budgets,
+                "text": [first.short] + [""] * (len(group) - 1),
+                "textposition": "middle left" if len(group) > 1 else "top right",
+                "textfont": {"color": STRATEGY_COLORS.get(method, OTHER_METHOD), "size": 12},
+                "line": {"color": STRATEGY_COLORS.get(method, OTHER_METHOD), "dash": "dot"},
+                "marker": {
+                    "symbol": STRATEGY_SYMBOLS.get(method, "x"),
+                    "size": 15 if big else 12,
+                    "color": STRATEGY_COLORS.get(method, OTHER_METHOD),
+                    "line": {"width": 1, "color": "white"},
+                },
+                "hovertemplate": "predicted peak %{x:.1f}% of store-all<br>extra time %{y:.1f}%"
+                + asked
+                + "<extra>"
+                + first.label
+                + "</extra>",
+                "legendrank": 1 if big else 50,
+                "meta": f"strategy:{method}",
+            }
+        )
+    if marks:
+        top = max(m.extra_pct for m in marks)
+        low, high = layout["yaxis"]["range"]
+        if top > high:
+            pad = top * 0.08
+            layout["yaxis"]["range"] = [min(low, -pad), top + pad]
+        right = max(m.peak_pct for m in marks) + 3
+        layout["xaxis"]["range"] = [0, max(layout["xaxis"]["range"][1], right)]
+        layout["xaxis"]["title"]["text"] = (
+            "budget, or a strategy's predicted peak (% of store-all peak)"
+        )
+    return fig
