@@ -47,7 +47,7 @@ def solve(problem: Problem, budget: int) -> Plan:
             )
         except InfeasibleBudget:
             continue
-        low = lower(plan, cut_layers=True)
+        low = lower(plan.replace(method="native", budget=budget))
         peak = low.prediction.peak
         if asked is None or asked in fixed:
             lowest = peak if lowest is None else min(lowest, peak)

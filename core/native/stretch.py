@@ -65,6 +65,7 @@ class Cover:
 
     stretches: tuple[Stretch, ...]
     whole: tuple[int, ...]  # blocks the plan recomputes in that no stretch covers
+    cuts: frozenset[int] = frozenset()  # the places it was cut at
 
 
 def covers(
@@ -83,32 +84,13 @@ def covers(
     stretch may overlap."""
     if not blocks:
         return [Cover((), ())]
-    bnd = boundaries(problem)
-    graph = problem.graph
-    place_of = {n: i for i, n in enumerate(bnd.nodes)}
-    op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    first_at: dict[int, Boundary] = {}
-    for moment in bnd.moments:
-        first_at.setdefault(moment.place, moment)
-    inside = {p for s, e in taken for p in range(s + 1, e)}
-    cuts_ok = sorted(p for p in first_at if p not in inside)
-    spans: list[tuple[int, int | None, int | None]] = []
-    for b in blocks:
-        places = [
-            place_of[n]
-            for o in problem.blocks[b].forward_ops
-            for n in graph.ops[o].nodes
-            if n in place_of
-        ]
-        lo, hi = min(places), max(places) + 1
-        start = max((p for p in cuts_ok if p <= lo), default=None)
-        end = min((p for p in cuts_ok if p >= hi), default=None)
-        spans.append((b, start, end))
+    cutting = Cutting.of(problem, blocks, kept, recomputed, taken)
+    spans = cutting.spans
     ends: set[int] = set()
     for _, start, end in spans:
         if start is not None and end is not None:
             ends |= {start, end}
-    weight = _cut_weights(problem, bnd, kept, cuts_ok)
+    weight = _cut_weights(problem, cutting.bnd, kept, cutting.allowed)
     inner = {
         p: w
         for p, w in weight.items()
@@ -126,24 +108,121 @@ def covers(
         thresholds.append(ranked[-1])
     out = []
     for t in dict.fromkeys(thresholds):
-        cuts = ends | {p for p, w in inner.items() if w <= t}
-        out.append(
-            _cover(problem, bnd, sorted(cuts), spans, first_at, kept, recomputed, taken, op_of)
-        )
+        out.append(cutting.cover(ends | {p for p, w in inner.items() if w <= t}))
     for group in GROUPS:  # consecutive blocks as one stretch: only its first input is held
         merged = _merged(spans, group)
         if len(merged) < len(spans):
             cuts = {
                 p for _, st, en in merged if st is not None and en is not None for p in (st, en)
             }
-            out.append(
-                _cover(problem, bnd, sorted(cuts), merged, first_at, kept, recomputed, taken, op_of)
-            )
+            out.append(cutting.cover(cuts, merged))
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class Cutting:
+    """What covering some blocks with stretches needs, found once: the moments, each
+    block's span (snapped outward to moments; None where no moment is), and the places
+    where a stretch may begin or end (`places`: those within a span). `cover(cuts)` is the
+    cover cut at `cuts`, so a search can price any set of cuts."""
+
+    problem: Problem
+    bnd: Boundaries
+    spans: tuple[tuple[int, int | None, int | None], ...]  # (block, start, end)
+    first_at: dict[int, Boundary]
+    allowed: tuple[int, ...]  # places of moments outside every submodule region
+    kept: frozenset[int]
+    recomputed: frozenset[int]
+    taken: tuple[tuple[int, int], ...]
+    op_of: dict[int, int]
+
+    @staticmethod
+    def of(
+        problem: Problem,
+        blocks: list[int],
+        kept: set[int],
+        recomputed: set[int],
+        taken: list[tuple[int, int]],
+    ) -> Cutting:
+        """The cutting of `blocks` under a plan keeping `kept` and recomputing `recomputed`,
+        around submodule regions at places `taken`."""
+        bnd = boundaries(problem)
+        graph = problem.graph
+        place_of = {n: i for i, n in enumerate(bnd.nodes)}
+        op_of = {n: op.index for op in graph.ops for n in op.nodes}
+        first_at: dict[int, Boundary] = {}
+        for moment in bnd.moments:
+            first_at.setdefault(moment.place, moment)
+        inside = {p for s, e in taken for p in range(s + 1, e)}
+        allowed = sorted(p for p in first_at if p not in inside)
+        spans: list[tuple[int, int | None, int | None]] = []
+        for b in blocks:
+            places = [
+                place_of[n]
+                for o in problem.blocks[b].forward_ops
+                for n in graph.ops[o].nodes
+                if n in place_of
+            ]
+            lo, hi = min(places), max(places) + 1
+            start = max((p for p in allowed if p <= lo), default=None)
+            end = min((p for p in allowed if p >= hi), default=None)
+            spans.append((b, start, end))
+        return Cutting(
+            problem,
+            bnd,
+            tuple(spans),
+            first_at,
+            tuple(allowed),
+            frozenset(kept),
+            frozenset(recomputed),
+            tuple(taken),
+            op_of,
+        )
+
+    @property
+    def joined(self) -> tuple[tuple[int, int | None, int | None], ...]:
+        """The spans with overlapping or adjacent ones made one: a stretch cut within them
+        may run across blocks."""
+        out: list[tuple[int, int | None, int | None]] = []
+        whole = sorted((st, en, b) for b, st, en in self.spans if st is not None and en is not None)
+        for st, en, b in whole:
+            last = out[-1] if out else None
+            if last is not None and last[2] is not None and st <= last[2]:
+                out[-1] = (last[0], last[1], max(en, last[2]))
+            else:
+                out.append((b, st, en))
+        return tuple(out)
+
+    @property
+    def places(self) -> tuple[int, ...]:
+        """The places a stretch may begin or end at within the blocks' spans."""
+        return tuple(
+            p
+            for p in self.allowed
+            if any(st is not None and en is not None and st <= p <= en for _, st, en in self.spans)
+        )
+
+    def cover(
+        self,
+        cuts: set[int] | frozenset[int],
+        spans: Sequence[tuple[int, int | None, int | None]] | None = None,
+    ) -> Cover:
+        """The cover cut at `cuts` (places), within `spans` (default: the blocks')."""
+        return _cover(
+            self.problem,
+            self.bnd,
+            sorted(cuts),
+            list(self.spans if spans is None else spans),
+            self.first_at,
+            set(self.kept),
+            set(self.recomputed),
+            list(self.taken),
+            self.op_of,
+        )
+
+
 def _merged(
-    spans: list[tuple[int, int | None, int | None]], group: int
+    spans: Sequence[tuple[int, int | None, int | None]], group: int
 ) -> list[tuple[int, int | None, int | None]]:
     """`spans` with runs of up to `group` adjacent ones (each ending where the next begins)
     made one."""
@@ -161,7 +240,7 @@ def _merged(
 
 
 def _cut_weights(
-    problem: Problem, bnd: Boundaries, kept: set[int], cuts: list[int]
+    problem: Problem, bnd: Boundaries, kept: set[int], cuts: Sequence[int]
 ) -> dict[int, int]:
     """For each place, the bytes of the activations made before it and read by the forward
     after it that the plan does not keep (what a stretch beginning there would hold)."""
@@ -224,7 +303,7 @@ def _cover(
         if set(problem.blocks[b].forward_ops) & recomputed - covered
         and not set(problem.blocks[b].forward_ops) & covered
     )
-    return Cover(tuple(out), whole)
+    return Cover(tuple(out), whole, frozenset(cuts))
 
 
 def _writes_outside(

@@ -71,13 +71,13 @@ def test_native_method_fits_its_budget_measured():
 
 def test_native_method_names_one_minimum_and_meets_it():
     """regnet-tiny: Rockmate's least plan peaks higher natively (289,068 B) than checkpoint
-    at its layers (256,300 B); stretches of two layers reach 231,212 B (87.5%). The refusal
-    names the least native peak found whatever was asked, and asking for it finds that
-    plan."""
+    at its layers (256,300 B); stretches of two layers reached 231,212 B (87.5%), cuts
+    searched by the native simulation 191,916 B (72.7%). The refusal names the least
+    native peak found whatever was asked, and asking for it finds that plan."""
     model, inputs = core_build("regnet-tiny")
     problem = core.analyze(model, inputs)
     minimums = set()
-    for fraction in (0.8, 0.5):
+    for fraction in (0.7, 0.5):
         with pytest.raises(core.InfeasibleBudget, match="'native'") as refused:
             core.solve(problem, int(problem.store_all_peak * fraction), method="native")
         minimums.add(refused.value.minimum)
