@@ -121,7 +121,7 @@ def _lower_with_stretches(
     (`core.native.stretch`): of the candidate covers, the best by `_key` (the lowest native
     peak, then the least time; with `cut_layers`, the least time at or below the plan's
     budget); a block no stretch can cover is kept whole (a note). With `cut_layers`, the
-    cuts of the best cover of stretches alone are then searched (`_searched_cuts`)."""
+    cuts of the lowest cover of stretches alone are then searched (`_searched_cuts`)."""
     problem = plan.problem
     held = python_held(problem)
     modules = [
@@ -149,14 +149,13 @@ def _lower_with_stretches(
         # the search cuts anywhere in the forward: a stretch may hold blocks the plan
         # recomputes nothing in (its input is then all its frame holds)
         blocks = tuple(b.index for b in problem.blocks)
-        start = min(alone, key=lambda low: _key(low, budget))
+        start = min(alone, key=lambda low: _key(low, 0))
         cuts = _searched_cuts(
             problem,
             blocks,
             frozenset(kept),
             frozenset(recomputed),
             start.cuts,
-            budget,
             frozenset(offloaded),
         )
         cutting = Cutting.of(problem, list(blocks), kept, recomputed, [])
@@ -184,15 +183,15 @@ def _searched_cuts(
     kept: frozenset[int],
     recomputed: frozenset[int],
     start: frozenset[int],
-    budget: int,
     offloaded: frozenset[int],
 ) -> frozenset[int]:
     """Cuts of `blocks` into stretches found by a local search priced by the native
     simulation: from `start`, each place a stretch may begin or end at is toggled in turn
-    (a cut made or removed), and a change is kept when the step's native (peak within
-    `budget`, time) improves, until a pass changes nothing or `SEARCH_EVALUATIONS` runs
-    out. The candidate covers cut by weights and block groups (`covers`) miss cuts that
-    hold less: mlp-batch's least native peak was 78.7% of store-all from them, 71.5% so."""
+    (a cut made or removed), and a change is kept when the step's native (peak, time)
+    improves, until a pass changes nothing or `SEARCH_EVALUATIONS` runs out. It asks no
+    budget, so the method's search for its least peak and the plan it returns share it.
+    The candidate covers cut by weights and block groups (`covers`) miss cuts that hold
+    less: mlp-batch's least native peak was 78.7% of store-all from them, 71.5% so."""
     cutting = Cutting.of(problem, list(blocks), set(kept), set(recomputed), [])
     held = python_held(problem)
 
@@ -210,7 +209,7 @@ def _searched_cuts(
             frozenset(v for v, _ in stays),
             problem.link,
         ).walk(problem.graph)
-        return (max(walked.peak, budget), walked.time)
+        return (walked.peak, walked.time)
 
     cuts, best = start, key(start)
     left = SEARCH_EVALUATIONS - 1
