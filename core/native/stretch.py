@@ -163,6 +163,9 @@ class Cutting:
                 for n in graph.ops[o].nodes
                 if n in place_of
             ]
+            if not places:  # no op of its own in the forward's places
+                spans.append((b, None, None))
+                continue
             lo, hi = min(places), max(places) + 1
             start = max((p for p in allowed if p <= lo), default=None)
             end = min((p for p in allowed if p >= hi), default=None)
