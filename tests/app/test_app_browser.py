@@ -234,7 +234,7 @@ def open_layer(page, block: int) -> None:
     if page.evaluate(f"() => ({CY})().nodes('.block').some(n => n.data('block') === {block})"):
         return  # already open
     page.evaluate(
-        f"() => ({CY})().nodes('.layer').filter(n => n.data('block') === {block}).emit('tap')"
+        f"() => {{ ({CY})().nodes('.layer').filter(n => n.data('block') === {block}).emit('tap'); }}"
     )
     page.wait_for_function(
         f"(b) => ({CY})().nodes('.op').some(n => n.data('block') === b)", arg=block
@@ -244,7 +244,9 @@ def open_layer(page, block: int) -> None:
 def test_clicking_a_layer_opens_it_into_its_ops_and_again_closes_it(ready):
     page = ready
     layers = graph_nodes(page, ".layer")
-    page.evaluate(f"() => ({CY})().nodes('.layer').filter(n => n.data('block') === 1).emit('tap')")
+    page.evaluate(
+        f"() => {{ ({CY})().nodes('.layer').filter(n => n.data('block') === 1).emit('tap'); }}"
+    )
     page.wait_for_function(f"() => ({CY})().nodes('.op').length > 0")
     ops = page.evaluate(f"() => ({CY})().nodes('.op').map(n => [n.data('block'), n.parent().id()])")
     box = page.evaluate(f"() => ({CY})().nodes('.block').map(n => n.id())")
@@ -254,7 +256,7 @@ def test_clicking_a_layer_opens_it_into_its_ops_and_again_closes_it(ready):
     assert re.search(r"block 1 · ", page.inner_text(f"#{ids.BLOCK_PANEL}"))
     rows = page.locator(f"#{ids.BLOCK_PANEL} tbody tr").count()
     assert rows >= len(ops)  # its forward ops (and its backward ones) listed
-    page.evaluate(f"() => ({CY})().nodes('.block').emit('tap')")  # its box: close it
+    page.evaluate(f"() => {{ ({CY})().nodes('.block').emit('tap'); }}")  # its box: close it
     page.wait_for_function(f"(n) => ({CY})().nodes('.layer').length === n", arg=layers)
     assert graph_nodes(page, ".op") == 0
 
@@ -406,7 +408,7 @@ def test_measure_here_draws_the_real_run_over_the_prediction(ready):
 def test_pointing_at_an_op_names_it(ready):
     page = ready
     open_layer(page, 1)
-    page.evaluate(f"() => ({CY})().nodes('.op')[3].emit('mouseover')")
+    page.evaluate(f"() => {{ ({CY})().nodes('.op')[3].emit('mouseover'); }}")
     page.wait_for_function(
         "() => /allocates/.test(document.querySelector('#graph-hover').textContent)"
     )

@@ -60,8 +60,8 @@ def test_reveal_keeps_the_lessons_chart_in_view(ready):
 def test_an_opened_blocks_op_names_read_and_do_not_overlap(ready):
     page = ready
     page.evaluate(
-        f"""() => {CY}.nodes().filter(n => n.data('block') === 2
-          && (n.data('op') === undefined || n.data('op') === null)).emit('tap')"""
+        f"""() => {{ {CY}.nodes().filter(n => n.data('block') === 2
+          && (n.data('op') === undefined || n.data('op') === null)).emit('tap'); }}"""
     )
     # opened: its ops are in the graph and the view has zoomed to them
     page.wait_for_function(
