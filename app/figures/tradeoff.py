@@ -276,6 +276,9 @@ def add_strategy_points(fig: dict, marks: Sequence[StrategyMark], current: str) 
             }
         )
     if marks:
+        # a legend row per strategy more (pinned under the x-axis title): the plot keeps its
+        # height rather than shrinking under the longer legend
+        layout["height"] += 19 * len(by)
         top = max(m.extra_pct for m in marks)
         low, high = layout["yaxis"]["range"]
         if top > high:
