@@ -19,7 +19,7 @@ import torch
 
 import core
 import sample_models
-from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
+from app.cache import DERIVED, LRU, PLANS, PROBLEMS, Cancelled, check_cancelled
 from app.explain import tensor_rows
 from app.models import as_call, resolve_builder
 from app.readback import live_bands
@@ -348,6 +348,11 @@ class Studio:
                     out[method] = None
                 except core.RematError as err:
                     out[method] = str(err)
+                except Cancelled:
+                    raise
+                except Exception as err:  # a failure of its import: the page stays up
+                    log.exception("importing %s on %s failed", method, key)
+                    out[method] = f"importing it failed here ({type(err).__name__}: {err})"
             return out
 
         return self.derived.get_or_make(("strategies", key), make)

@@ -15,6 +15,11 @@ from app.state import Studio, studio_lock
 
 log = logging.getLogger(__name__)
 
+STRATEGY_MEASURED = (
+    "An imported strategy runs with its own code, not as a plan of ours: `remat bench` "
+    "measures it beside its prediction (bench/current.py, docs/results.md)."
+)
+
 
 def register(app: Dash, studio: Studio) -> None:
     @app.callback(
@@ -30,6 +35,8 @@ def register(app: Dash, studio: Studio) -> None:
     )
     def measure_here(_clicks, plan_ref):
         """Run the plan's real step here under the storage tracker (in the background)."""
+        if plan_ref and plan_ref.get("strategy"):  # imported: it runs with its own code
+            return {"plan": plan_ref, "error": STRATEGY_MEASURED}
         plan, _ = shown(studio, plan_ref)
         try:
             call = studio.builders[plan_ref["key"].split("|")[0]]()
@@ -51,9 +58,11 @@ def register(app: Dash, studio: Studio) -> None:
     )
     def draw_measured(measured, plan_ref):
         """Overlay the measured live bytes on the predicted timeline of the same plan."""
-        plan, problem = shown(studio, plan_ref)
         if not measured or measured["plan"] != plan_ref:
             raise PreventUpdate  # another plan is on screen now
+        if measured["error"] == STRATEGY_MEASURED:
+            return {"timeline": no_update, "text": STRATEGY_MEASURED}
+        plan, problem = shown(studio, plan_ref)
         if measured["error"]:
             return {"timeline": no_update, "text": f"Could not run the step: {measured['error']}"}
         _, size = figures.pick_unit(problem.store_all_peak)

@@ -13,6 +13,9 @@ from helpers import serve_in_thread
 
 from app import figures, ids
 from app.callbacks.analysis import method_options, strategy_marks
+from app.callbacks.budget import solved
+from app.callbacks.common import NOT_OURS
+from app.callbacks.memory import tensors_view
 from app.server import create_app
 from app.state import Studio
 from app.strategies import AUTOSAC_BUDGETS, STRATEGY_LABELS, StrategyPoint
@@ -43,8 +46,9 @@ POINTS = """() => Object.fromEntries(document.querySelector('#tradeoff .js-plotl
 
 def test_the_strategy_points_and_the_menu_say_what_applies():
     """Without a browser: a model without decoder layers (gpt-1layer) leaves out all but
-    torchtune, disabled in the menu with the reason; the chart's marks are at each predicted
-    peak as % of store-all, auto-SAC's joined and labelled once."""
+    torchtune, disabled in the menu with the reason; torchtune chosen draws its predicted
+    timeline; the chart's marks are at each predicted peak as % of store-all, auto-SAC's
+    joined and labelled once."""
     studio = Studio()
     key = studio.key("gpt-1layer", "estimated", "cpu")
     offered = studio.strategies(key)
@@ -56,6 +60,24 @@ def test_the_strategy_points_and_the_menu_say_what_applies():
     }
     assert options["torchtune"] == {"label": STRATEGY_LABELS["torchtune"], "value": "torchtune"}
     assert options["hf"]["disabled"] and "no decoder layers" in options["hf"]["label"].title
+
+    # torchtune chosen: its predicted timeline and numbers, the plan views ours only
+    peak = studio.problem(key).store_all_peak
+    context = {
+        "key": key,
+        "peak": peak,
+        "method": "torchtune",
+        "for": "gpt-1layer|cpu|torchtune|off",
+    }
+    shown = solved(studio, context, 60.0, None)
+    tune = studio.imported(key, "torchtune").prediction
+    assert shown["timeline"]["layout"]["meta"]["peak"] == tune.peak
+    assert shown["peak"] == fmt_bytes(tune.peak) and shown["for"] == context["for"] + "|60"
+    assert "fixed plan: the budget has nothing to choose" in shown["hint"]
+    assert shown["plan"]["strategy"] == "torchtune" and shown["plan"]["steps"] == 0
+    said = tensors_view(studio, shown["plan"])
+    assert said["layout"]["annotations"][0]["text"] == NOT_OURS
+    assert said["layout"]["meta"]["for"] == shown["for"]  # stamped: never stale
 
     points = [
         StrategyPoint("torchtitan", 713, 1.137),
