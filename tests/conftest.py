@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from helpers import serve_in_thread
+from helpers import serve_in_thread, untraceable
 from torch import nn
 
 import core
@@ -26,12 +26,16 @@ Analysed = tuple[nn.Module, tuple[torch.Tensor, ...], Problem]
 def pytest_configure(config: pytest.Config) -> None:
     """Options on disk are keyed by the solver code's hash, but a developer's ~/.cache/remat
     may still hold options another checkout computed: every session starts from an empty
-    cache of its own (subprocesses, such as the CLI's, inherit it)."""
-    os.environ["REMAT_CACHE"] = tempfile.mkdtemp(prefix="remat-cache-")
+    cache of its own, which its xdist workers share (they inherit the controller's
+    environment; entries are written whole and renamed into place) and subprocesses, such
+    as the CLI's, inherit."""
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        os.environ["REMAT_CACHE"] = tempfile.mkdtemp(prefix="remat-cache-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(os.environ["REMAT_CACHE"], ignore_errors=True)
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["REMAT_CACHE"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -73,11 +77,13 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def url() -> Iterator[str]:
-    """The app served in a thread for a module's browser tests (a module may define its own,
-    e.g. with extra models)."""
-    address, stop = serve_in_thread(create_app())
+    """The app served in a thread, one per test process, for every browser test module that
+    does not define its own (one that patches the app or needs it cold does): each model is
+    analysed and its curves drawn once a process, not once a module. Its menu has the sample
+    models and `untraceable`, a model whose analysis fails."""
+    address, stop = serve_in_thread(create_app({"untraceable": untraceable}))
     yield address
     stop()
 

@@ -7,13 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import serve_in_thread
-from torch import nn
 
 import core
 from app import ids
-from app.server import create_app
 from bench.app import choose, painted, slider_value, wait_ready
 from core.errors import fmt_bytes
 
@@ -28,30 +24,6 @@ SHOTS.mkdir(exist_ok=True)
 FIG = "() => { const g = document.querySelector('#timeline .js-plotly-plot'); return {data: g.data, meta: g.layout.meta}; }"
 CY = """() => [document.getElementById('graph'), ...document.querySelectorAll('#graph *')]
   .find(e => e._cyreg) ._cyreg.cy"""
-
-
-class Untraceable(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        y = self.lin(x)
-        if y.sum() > 0:  # data-dependent control flow: cannot be traced
-            y = y * 2
-        return y.sum()
-
-
-def untraceable():
-    return Untraceable(), (torch.randn(2, 4),)
-
-
-@pytest.fixture(scope="module")
-def url():
-    app = create_app({"untraceable": untraceable})
-    address, stop = serve_in_thread(app)
-    yield address
-    stop()
 
 
 @pytest.fixture

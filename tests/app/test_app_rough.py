@@ -5,14 +5,11 @@ as it comes near (never shown stale)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import serve_in_thread
 
 from app import ids
-from app.server import create_app
 from bench.app import slider_value, wait_calm, wait_ready
 
 pytestmark = pytest.mark.browser
@@ -21,13 +18,6 @@ CY = """[document.getElementById('graph'), ...document.querySelectorAll('#graph 
   .find(e => e._cyreg)._cyreg.cy"""
 IN_VIEW = """(id) => { const r = document.getElementById(id).getBoundingClientRect();
   return r.top >= 0 && r.bottom <= window.innerHeight; }"""
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    address, stop = serve_in_thread(create_app())
-    yield address
-    stop()
 
 
 @pytest.fixture

@@ -131,6 +131,24 @@ def gloo_worker(body: Callable[..., None]) -> Callable[..., None]:
     return worker
 
 
+class Untraceable(nn.Module):
+    """A model whose analysis fails: data-dependent control flow cannot be traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:  # data-dependent control flow: cannot be traced
+            y = y * 2
+        return y.sum()
+
+
+def untraceable() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return Untraceable(), (torch.randn(2, 4),)
+
+
 def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
     """Serve a Dash app on 127.0.0.1, a free port, in a daemon thread: (url, stop). `stop()`
     shuts the server down and waits for its background jobs, so the next module's app does
