@@ -13,6 +13,7 @@ from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.native import solver as native
+from core.native.lowering import lower
 from core.plan import Plan
 from core.problem import Problem
 from core.reorder import solve_reordered
@@ -153,10 +154,19 @@ def solve(
         )
     plan = plan.replace(solve_seconds=time.perf_counter() - start, budget=asked)
     plan = plan.with_notes(*notes, first=True)
-    if plan.predicted_peak > effective:
+    runs_at = runs_at_peak(plan)
+    if runs_at > effective:
         floor = problem.floor.describe() if effective < problem.floor.nbytes else ""
-        raise InfeasibleBudget(asked, plan.predicted_peak, method, floor)
+        raise InfeasibleBudget(asked, runs_at, method, floor)
     return plan
+
+
+def runs_at_peak(plan: Plan) -> int:
+    """The peak `plan` runs at: native execution's (`core.lower`) for the "native" method,
+    whose budget is the native peak's, the program's (`predicted_peak`) for the others."""
+    if plan.method == "native":
+        return lower(plan).prediction.peak
+    return plan.predicted_peak
 
 
 def _solve(problem: Problem, budget: int, method: str, reorder: bool) -> Plan:
