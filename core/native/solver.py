@@ -9,7 +9,9 @@ native simulation's
 Rockmate's plans over interpreter budgets from store-all's peak and from `budget` down to
 Rockmate's minimum and keeps the one whose NATIVE peak fits `budget` at the least native
 time (a lower interpreter budget can mean a higher native peak: native recomputes a layer
-whole). Its notes say what native
+whole). Each is lowered as a plan of this method: its stretches' cuts are searched by the
+native simulation (`core.native.lowering._searched_cuts`), the interpreter plan giving
+what is kept and where to start. Its notes say what native
 execution leaves out of it (repeated forwards, blocks that are no submodule).
 """
 
