@@ -359,7 +359,9 @@ def plan_views(
     out: dict[str, Any] = dict.fromkeys(LATER, no_update)
     if ids.TENSORS in wanted:
         out["tensors"] = tensors_view(studio, plan_ref)
-    if context.get("offload"):
+    # with an imported strategy the switch may be on (the lane shown) with no offload method:
+    # the lane says it is drawn for our plans
+    if context.get("offload") or is_strategy(context["method"]):
         out["transfers"] = transfers_view(studio, plan_ref)
     if ids.ARENA in wanted:
         out["arena"] = arena_view(studio, plan_ref)

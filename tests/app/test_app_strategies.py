@@ -151,3 +151,15 @@ def test_the_strategies_users_run_sit_beside_our_curves_and_draw_their_timeline(
     said = page.inner_text(f"#{ids.BUDGET_HINT}")
     assert "fixed plan: the budget has nothing to choose" in said
     assert "predicted by the native simulation" in said
+
+    # the offload switch is ours: on, the strategy is unchanged and every view in sight is
+    # drawn for the switch (the transfer lane, shown, says it is drawn for our plans)
+    page.click(f"#{ids.OFFLOAD} input[type=checkbox]")
+    page.wait_for_function(
+        "() => (document.querySelector('#numbers').getAttribute('data-for') || '')"
+        ".includes('|torchtitan|on|')"
+    )
+    page.locator(f"#{ids.TIMELINE}").scroll_into_view_if_needed()  # the lane in sight
+    wait_calm(page)
+    assert page.evaluate(TIMELINE_META)["peak"] == titan.peak
+    assert "The offload switch is ours" in page.inner_text(f"#{ids.BUDGET_HINT}")
