@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core import fmt_bytes
-from core.strategies import METHODS
+from core import fmt_bytes, strategies
 
 # the method menu's entries, after the solvers'
 STRATEGY_LABELS = {
@@ -30,7 +29,7 @@ AUTOSAC_MAX_OPS = 300
 # the budgets auto-SAC is solved at for the trade-off chart (fractions of store-all)
 AUTOSAC_BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 
-assert set(STRATEGY_LABELS) == set(METHODS), "a strategy of core.strategies has no label"
+assert set(STRATEGY_LABELS) == set(strategies.METHODS), "a strategy of core.strategies has no label"
 
 
 def is_strategy(method: str | None) -> bool:
