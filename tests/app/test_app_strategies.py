@@ -97,6 +97,9 @@ def test_the_strategy_points_and_the_menu_say_what_applies():
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, Studio]]:
+    """An app of this module's own (not the session's `url`): the test needs its studio, for
+    auto-SAC's points depend on op times measured once per analysis, so they are compared
+    with `core.strategies` on the same analysis."""
     app = create_app()
     address, stop = serve_in_thread(app)
     yield address, app.studio
