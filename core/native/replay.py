@@ -153,11 +153,8 @@ class Tape(TorchDispatchMode):
                 if j not in self.cache:
                     out = func(*args, **kwargs)
                 else:  # handed back below autograd, which records the op as it did
-                    with _Give(func, self.cache[j]):
+                    with _Give(func, self.cache, j):
                         out = func(*args, **kwargs)
-                    # taken only once the op is through: checkpoint's early stop, raised as
-                    # autograd saves its inputs, leaves it to the frame, as SAC's cache does
-                    del self.cache[j]
                 del args, kwargs
                 for i, t in enumerate(_tensors(out)):
                     slots[(j, i)] = t
@@ -176,19 +173,24 @@ def _value(x: Any, slots: dict[tuple[int, int], torch.Tensor]) -> Any:
 
 
 class _Give(TorchDispatchMode):
-    """A saved op replayed: its forward's outputs handed back where the op would run (as
-    selective checkpoint's cached mode does), other ops run."""
+    """A saved op replayed: its forward's outputs taken out of the cache and handed back
+    where the op would run, as selective checkpoint's cached mode pops them; other ops run.
+    Taken there, not once the op is through: checkpoint's early stop, raised as autograd
+    saves the op's inputs, leaves them to the frame, as SAC's cache does; raised as it
+    saves its results, autograd has made them outputs of the recompute's graph, and a
+    cache still holding them would hold that graph and every value it saved."""
 
-    def __init__(self, func: Any, out: Any) -> None:
+    def __init__(self, func: Any, cache: dict[int, Any], j: int) -> None:
         super().__init__()
         self.func = func
-        self.out = out
+        self.cache = cache
+        self.j = j
         self.given = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func is self.func and not self.given:
-            out, self.out, self.given = self.out, None, True
-            return out
+            self.given = True
+            return self.cache.pop(self.j)
         return func(*args, **(kwargs or {}))
 
 
