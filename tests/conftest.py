@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from dash import Dash
 from helpers import serve_in_thread, untraceable
 from torch import nn
 
@@ -77,15 +78,31 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+_SHARED: list[Dash] = []  # the session's app, once `url` serves it
+
+
 @pytest.fixture(scope="session")
 def url() -> Iterator[str]:
     """The app served in a thread, one per test process, for every browser test module that
     does not define its own (one that patches the app or needs it cold does): each model is
     analysed and its curves drawn once a process, not once a module. Its menu has the sample
     models and `untraceable`, a model whose analysis fails."""
-    address, stop = serve_in_thread(create_app({"untraceable": untraceable}))
+    app = create_app({"untraceable": untraceable})
+    address, stop = serve_in_thread(app)
+    _SHARED.append(app)
     yield address
     stop()
+
+
+@pytest.fixture(autouse=True)
+def _jobs_end_with_their_test() -> Iterator[None]:
+    """The background jobs a test's pages started on the shared app are stopped when the test
+    ends (after its page closed: an autouse fixture is set up first, torn down last). Left
+    running, a page's batch chart or curves for a big model held the next tests' pages from
+    loading for minutes in a loaded CI run."""
+    yield
+    for app in _SHARED:
+        app.jobs.stop_all()  # type: ignore[attr-defined]
 
 
 def chromium_path() -> str | None:

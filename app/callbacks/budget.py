@@ -198,17 +198,7 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
     except Exception as err:  # an infeasible budget, in words under the slider
         if not isinstance(err, core.InfeasibleBudget):
             log.exception("solving %s with %s at %s bytes failed", key, method, budget)
-        return {  # no plan: every plan view says so, for these controls
-            **dict.fromkeys(PLAN_NUMBERS, "–"),
-            "timeline": blank(sig, "no plan at this budget", 380),
-            "budget": label,
-            "plan": {"for": sig},
-            "error": plain_error(err),
-            "error_hidden": False,
-            "step": None,
-            "hint": "",
-            "for": sig,
-        }
+        return no_plan(sig, label, err, "no plan at this budget")
     problem = studio.problem(key)
     sim = plan.simulate()
     fig = figures.timeline_figure(
@@ -240,6 +230,22 @@ def solved(studio: Studio, context: dict, value: float, step: int | None) -> dic
     }
 
 
+def no_plan(sig: str, label: str, err: Exception, text: str) -> dict[str, Any]:
+    """`SOLVED`'s values when there is no plan: every plan view says so (the timeline with
+    `text`), for these controls, and the error in words under the slider."""
+    return {
+        **dict.fromkeys(PLAN_NUMBERS, "–"),
+        "timeline": blank(sig, text, 380),
+        "budget": label,
+        "plan": {"for": sig},
+        "error": plain_error(err),
+        "error_hidden": False,
+        "step": None,
+        "hint": "",
+        "for": sig,
+    }
+
+
 def imported_solved(
     studio: Studio, context: dict, value: float, step: int | None
 ) -> dict[str, Any]:
@@ -255,17 +261,7 @@ def imported_solved(
     except Exception as err:  # not on this model, or torch's own tooling failed: in words
         if not isinstance(err, core.RematError):
             log.exception("importing %s on %s at %s bytes failed", method, key, budget)
-        return {
-            **dict.fromkeys(PLAN_NUMBERS, "–"),
-            "timeline": blank(sig, "no prediction for this strategy here", 380),
-            "budget": label,
-            "plan": {"for": sig},
-            "error": plain_error(err),
-            "error_hidden": False,
-            "step": None,
-            "hint": "",
-            "for": sig,
-        }
+        return no_plan(sig, label, err, "no prediction for this strategy here")
     problem = studio.problem(key)
     steps = imported.timeline
     p = imported.prediction
