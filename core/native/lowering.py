@@ -18,7 +18,7 @@ from core.errors import InvalidPlan
 from core.graph import Graph
 from core.native.boundaries import forward_nodes
 from core.native.lifetimes import python_lifetimes
-from core.native.simulate import Checkpointed, native_program
+from core.native.simulate import Checkpointed, NativeProgram, native_program
 from core.native.stretch import Cover, Cutting, Stretch, covers, save_mask
 from core.plan import Plan, Prediction
 from core.problem import Problem, per_problem
@@ -193,22 +193,11 @@ def _searched_cuts(
     The candidate covers cut by weights and block groups (`covers`) miss cuts that hold
     less: mlp-batch's least native peak was 78.7% of store-all from them, 71.5% so."""
     cutting = Cutting.of(problem, list(blocks), set(kept), set(recomputed), [])
-    held = python_held(problem)
 
     def key(cuts: frozenset[int]) -> tuple[int, float]:
         cover = cutting.cover(cuts, cutting.joined)
-        checkpointed = [
-            Checkpointed(frozenset(s.nodes), s.cached, frozenset(), dict(s.replay_drops))
-            for s in cover.stretches
-        ]
-        stays = _offloads(problem, set(offloaded), checkpointed, [])
-        walked = native_program(
-            problem.graph,
-            checkpointed,
-            held.dropped,
-            frozenset(v for v, _ in stays),
-            problem.link,
-        ).walk(problem.graph)
+        _, native = _program(problem, [], cover, set(offloaded), [])
+        walked = native.walk(problem.graph)
         return (walked.peak, walked.time)
 
     cuts, best = start, key(start)
@@ -227,6 +216,31 @@ def _searched_cuts(
     return cuts
 
 
+def _program(
+    problem: Problem,
+    modules: list[Checkpointed],
+    cover: Cover,
+    offloaded: set[int],
+    notes: list[str],
+) -> tuple[tuple[tuple[int, int], ...], NativeProgram]:
+    """The offloads kept (`_offloads`, its notes into `notes`) and the native program of the
+    submodule regions `modules` with `cover`'s stretches: what the cut search and `_priced`
+    both simulate."""
+    checkpointed = modules + [
+        Checkpointed(frozenset(s.nodes), s.cached, frozenset(), dict(s.replay_drops))
+        for s in cover.stretches
+    ]
+    offloads = _offloads(problem, offloaded, checkpointed, notes)
+    native = native_program(
+        problem.graph,
+        checkpointed,
+        python_held(problem).dropped,
+        frozenset(v for v, _ in offloads),
+        problem.link,
+    )
+    return offloads, native
+
+
 def _priced(
     plan: Plan,
     regions: list[Region],
@@ -239,20 +253,8 @@ def _priced(
     """The lowering with submodule `regions` (their `modules`) and `cover`'s stretches,
     its native step simulated."""
     problem = plan.problem
-    held = python_held(problem)
     mine = list(notes)
-    checkpointed = modules + [
-        Checkpointed(frozenset(s.nodes), s.cached, frozenset(), dict(s.replay_drops))
-        for s in cover.stretches
-    ]
-    offloads = _offloads(problem, offloaded, checkpointed, mine)
-    native = native_program(
-        problem.graph,
-        checkpointed,
-        held.dropped,
-        frozenset(v for v, _ in offloads),
-        problem.link,
-    )
+    offloads, native = _program(problem, modules, cover, offloaded, mine)
     walked = native.walk(problem.graph)
     base = problem.store_all_time
     prediction = Prediction(walked.peak, walked.time, walked.time / base if base else 1.0)
