@@ -15,18 +15,22 @@ from app.state import Studio
 from core import fmt_bytes, op_name
 
 # An opened block is brought into view at a zoom where its ops' names read (OP_FONT px or
-# more): the preset layout fits the whole model, where they were ~5 px. After the new
-# elements are laid out (two frames on), centred, or from its top when taller than the view.
+# more): the preset layout fits the whole model, where they were ~5 px. dash-cytoscape
+# re-runs that layout 100 ms after the last element change, which under load comes after
+# this callback: so the zoom is made now and again after every layout, to the block opened
+# last while its ops are in the graph. Centred, or from its top when taller than the view.
 ZOOM_JS = """function (opened, node) {
   if (!node || node.block === undefined || node.block === null
       || (node.op !== undefined && node.op !== null)) { return; }
   if (!opened || !opened.includes(node.block)) { return; }
+  const host = document.getElementById("GRAPH");
+  const el = host && [host, ...host.querySelectorAll("*")].find(e => e._cyreg);
+  if (!el) { return; }
+  const cy = el._cyreg.cy;
   const zoomIn = () => {
-    const host = document.getElementById("GRAPH");
-    const el = host && [host, ...host.querySelectorAll("*")].find(e => e._cyreg);
-    if (!el) { return; }
-    const cy = el._cyreg.cy;
-    const box = cy.nodes().filter(n => n.data("block") === node.block
+    const block = cy.scratch("opened-last");
+    if (!cy.nodes(".op").some(n => n.data("block") === block)) { return; }
+    const box = cy.nodes().filter(n => n.data("block") === block
       && (n.data("op") === undefined || n.data("op") === null));
     if (!box.length) { return; }
     const bb = box.boundingBox();
@@ -36,6 +40,11 @@ ZOOM_JS = """function (opened, node) {
       : 20 - z * bb.y1;
     cy.viewport({zoom: z, pan: {x: x, y: y}});
   };
+  cy.scratch("opened-last", node.block);
+  if (!cy.scratch("zoom-after-layout")) {
+    cy.scratch("zoom-after-layout", true);
+    cy.on("layoutstop", zoomIn);
+  }
   requestAnimationFrame(() => requestAnimationFrame(zoomIn));
 }""".replace("GRAPH", ids.GRAPH)
 
