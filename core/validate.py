@@ -10,6 +10,7 @@ the plan's budget. `core.bind` calls `check_program`; the runtime meets only che
 from __future__ import annotations
 
 from core.errors import InvalidPlan, fmt_bytes
+from core.native.lowering import runs_at_peak
 from core.plan import Plan
 from core.problem import Problem
 from core.simulator import FREE, OFFLOAD, PREFETCH, RUN, Simulation
@@ -21,7 +22,8 @@ def check_program(plan: Plan, problem: Problem) -> Simulation:
     Valid means: every instruction names an op or value of this graph; the forward part ends
     with every model output live (the runtime hands them to autograd); the simulator accepts
     the program; and its simulated peak fits `plan.budget` (a plan whose every FREE was
-    removed still computes the right gradients, but at a peak its budget does not allow).
+    removed still computes the right gradients, but at a peak its budget does not allow);
+    for the "native" method's plans, native execution's peak (`runs_at_peak`).
     A budget of 0 means none was asked (the store-all plan a problem builds for itself).
     """
     graph = problem.graph
@@ -53,11 +55,13 @@ def check_program(plan: Plan, problem: Problem) -> Simulation:
         )
     simulation = plan.simulate()
     _check_outputs_live(plan, problem)
-    if plan.budget and simulation.peak > plan.budget:
+    peak = simulation.peak if plan.method != "native" else runs_at_peak(plan)
+    if plan.budget and peak > plan.budget:
+        what = "program's simulated" if plan.method != "native" else "native execution's"
         raise InvalidPlan(
-            f"the program's simulated peak is {fmt_bytes(simulation.peak)} ({simulation.peak} "
-            f"bytes), above the plan's budget of {fmt_bytes(plan.budget)} ({plan.budget} "
-            "bytes): it frees less than its budget needs (an edited file?); make the plan again"
+            f"the {what} peak is {fmt_bytes(peak)} ({peak} bytes), above the plan's budget "
+            f"of {fmt_bytes(plan.budget)} ({plan.budget} bytes): it frees less than its budget "
+            "needs (an edited file?); make the plan again"
         )
     return simulation
 

@@ -107,6 +107,14 @@ def lower(plan: Plan, cut_layers: bool | None = None) -> Lowering:
     return _lower_with_stretches(plan, regions, notes, unmoduled, kept, runs, offloaded, cut_layers)
 
 
+def runs_at_peak(plan: Plan) -> int:
+    """The peak `plan` runs at, which its budget bounds: native execution's (`lower`) for the
+    "native" method's plans, the program's (`predicted_peak`) for the others."""
+    if plan.method == "native":
+        return lower(plan).prediction.peak
+    return plan.predicted_peak
+
+
 def _lower_with_stretches(
     plan: Plan,
     regions: list[Region],

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from core.errors import BudgetError, InfeasibleBudget, fmt_bytes
 from core.native import solver as native
-from core.native.lowering import lower
+from core.native.lowering import runs_at_peak
 from core.plan import Plan
 from core.problem import Problem
 from core.reorder import solve_reordered
@@ -159,14 +159,6 @@ def solve(
         floor = problem.floor.describe() if effective < problem.floor.nbytes else ""
         raise InfeasibleBudget(asked, runs_at, method, floor)
     return plan
-
-
-def runs_at_peak(plan: Plan) -> int:
-    """The peak `plan` runs at: native execution's (`core.lower`) for the "native" method,
-    whose budget is the native peak's, the program's (`predicted_peak`) for the others."""
-    if plan.method == "native":
-        return lower(plan).prediction.peak
-    return plan.predicted_peak
 
 
 def _solve(problem: Problem, budget: int, method: str, reorder: bool) -> Plan:
