@@ -221,12 +221,11 @@ def test_a_native_plan_runs_below_its_programs_peak():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt2", "llama"])
-def test_native_method_is_measured_hf_12_layers(model):
+def test_native_method_is_measured_hf_gpt2_12_layers():
+    """hf-llama's 12 layers pass the same (docs/native.md), at 100 s of the suite's time."""
     from sample_models import hf_zoo
 
-    builder = {"gpt2": hf_zoo.gpt2, "llama": hf_zoo.llama}[model]
-    _check_predicted(f"hf-{model}-12l", _native_50_and_min, _hf_12(builder))
+    _check_predicted("hf-gpt2-12l", _native_50_and_min, _hf_12(hf_zoo.gpt2))
 
 
 def test_native_recompute_updates_batch_norm_statistics_once():
