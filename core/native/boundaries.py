@@ -25,6 +25,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from core.native.match import align, traced_as
 from core.problem import Problem, per_problem
 from core.trace.call import join_call
+from core.trace.eager_branches import eager_branches
 from core.trace.nodes import AtenNode
 
 START, END = "start", "end"  # the step's own boundaries (module "")
@@ -127,7 +128,10 @@ class _Events:
 
 def _probe(model: nn.Module, problem: Problem) -> _Events:
     """Run the step's forward (and loss) under fake tensors and `no_grad` with a pre-hook
-    and a hook on every submodule, counting the ops dispatched at each."""
+    and a hook on every submodule, counting the ops dispatched at each. The model's
+    branches on tensor values are taken as eager takes them (`eager_branches`): else
+    transformers builds its attention mask under fake tensors, where eager builds none, and
+    the ops after it were aligned with the trace's a mask's length too early."""
     trace = problem.graph.trace
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -155,7 +159,7 @@ def _probe(model: nn.Module, problem: Problem) -> _Events:
             )
         )
     try:
-        with torch.no_grad(), trace.autocast.entered(), mode, count:
+        with torch.no_grad(), trace.autocast.entered(), mode, count, eager_branches():
             out = model(*args, **kwargs)
             if problem.loss_fn is not None and trace.call.loss:
                 out = problem.loss_fn(out, *targets)

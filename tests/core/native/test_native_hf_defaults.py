@@ -42,16 +42,8 @@ def _plans_with_native(problem: core.Problem) -> dict[str, core.Plan]:
     return out
 
 
-# Known defect (2026-11-27, named in the closing note): in a fresh clone the tiny GPT-2's
-# root-level stretch (transformer.drop .. h.0.attn.c_proj) meets aten.empty_like where its
-# trace has another op, and the plan is refused. Strict: it fails once that is mended.
-_STRETCH = pytest.mark.xfail(strict=True, reason="hf-gpt2 stretch refused: aten.empty_like")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_STRETCH) if n == "hf-gpt2-default" else n for n in DEFAULTS]
-)
+@pytest.mark.parametrize("name", DEFAULTS)
 def test_default_attention_native_is_exact(name):
     c = _call(name)
     model, args, kwargs, loss_fn, targets = c.model, c.args, c.kwargs, c.loss_fn, c.targets
