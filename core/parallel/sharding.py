@@ -199,7 +199,9 @@ def _linear(m: nn.Module) -> nn.Linear:
 def replica(model: nn.Module, pairs: list[Pair], tp: int) -> nn.Module:
     """The model as one rank of `tp` holds it: each pair's column layers with 1/tp of their
     output features, its row layer with 1/tp of its input features (weights uninitialised,
-    on the model's device; other parameters shared with the model, not copied)."""
+    on the model's device; other parameters shared with the model, not copied). Their
+    `in_features` and `out_features` stay the whole model's, as `parallelize_module` leaves
+    them: a native plan checks those attributes against the trace's at every call."""
     memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
     rep = copy.deepcopy(model, memo)
     mods = dict(rep.named_modules())
@@ -219,7 +221,6 @@ def _shrink(module: nn.Module, dim: int, tp: int) -> None:
     if dim == 0 and linear.bias is not None:
         b = linear.bias
         linear.bias = nn.Parameter(torch.empty(shape[0], dtype=b.dtype, device=b.device))
-    linear.in_features, linear.out_features = shape[1], shape[0]
 
 
 def rank_problem(

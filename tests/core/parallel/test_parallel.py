@@ -168,13 +168,6 @@ def _spawn(
     return rows
 
 
-# Known defect (2026-11-27, named in the closing note): native layers now check their modules'
-# plain attributes after each forward, and a tensor-parallel model keeps its unsharded
-# Linear attributes (out_features 256) where the rank replica was traced with 128: the rank
-# plan is refused. Strict: the test fails once the check learns about sharded modules.
-_TP_WATCH = "native attribute watch refuses sharded Linear attributes (PlanMismatch)"
-
-
 @pytest.mark.slow  # two spawned ranks: 50-70 s each on a loaded machine
 @pytest.mark.parametrize("name", ["gpt-tiny", "hf-llama"])
 def test_tensor_parallel_two_ranks_equal_eager_and_peak_as_predicted(tmp_path, name):
@@ -195,7 +188,6 @@ def test_fsdp_by_tensor_parallel_four_ranks_equal_eager(tmp_path, name):
 
 
 @pytest.mark.slow  # two spawned ranks, each solving its plan at a small budget
-@pytest.mark.xfail(strict=True, reason=_TP_WATCH)
 def test_tensor_parallel_rank_plan_recomputes_natively_equal_eager(tmp_path):
     """gpt-tiny at tp 2 under 3 MiB: the rank's plan recomputes, runs natively on the DTensor
     model (checkpoint + selective policy matched to the replica's trace), and each rank's
@@ -206,7 +198,6 @@ def test_tensor_parallel_rank_plan_recomputes_natively_equal_eager(tmp_path):
 
 
 @pytest.mark.slow  # four spawned ranks: ~5 min on a loaded machine
-@pytest.mark.xfail(strict=True, reason=_TP_WATCH)
 def test_fsdp_by_tensor_parallel_rank_plan_recomputes_natively_equal_eager(tmp_path):
     """dp 2 x tp 2 under 3 MiB: the recomputing rank plan composes with FSDP2 over the
     DTensor model (peak not asserted: the tracker cannot see FSDP2's storage resizes)."""
