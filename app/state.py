@@ -26,6 +26,7 @@ from app.readback import live_bands
 from app.strategies import AUTOSAC_BUDGETS, AUTOSAC_MAX_OPS, FIXED, StrategyPoint
 from core import ModelCall, available_methods, device_memory, minimum_budget
 from core import strategies as imports
+from core.solvers import rockmate
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Point:
     budget: int
     peak: int
     overhead: float  # predicted time / store-all time
+    found_at: int = 0  # the budget whose plan this is (`core.TradeoffPoint.found_at`)
 
 
 class Studio:
@@ -260,9 +262,36 @@ class Studio:
                     progress(fraction)
 
             points = core.tradeoff(self.problem(key), method, progress=step)
-            return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
+            return [Point(p.budget, p.predicted_peak, p.overhead, p.found_at) for p in points]
 
         return self.derived.get_or_make(("tradeoff", key, method), make)
+
+    def tradeoff_first(self, key: str, method: str) -> tuple[list[Point], list[int]] | None:
+        """A first draw of `tradeoff(key, method)` while rockmate's whole-graph ILP is still
+        to run (seconds a budget, on graphs of at most `WHOLE_GRAPH_MAX_OPS` ops): the points
+        at the budgets that need no ILP, each the plan `plan` gives there, and the budgets
+        left out. None when the curve is cached or no budget waits for the ILP (then the
+        curve is cached: with nothing left out, it is the whole one)."""
+        if method != "rockmate" or ("tradeoff", key, method) in self.derived:
+            return None
+        problem = self.problem(key)
+        if len(problem.graph.ops) > rockmate.WHOLE_GRAPH_MAX_OPS:
+            return None
+        left: list[int] = []
+
+        def skip(budget: int) -> bool:
+            check_cancelled()
+            if rockmate.ilp_pending(problem, budget):
+                left.append(budget)
+                return True
+            return False
+
+        found = core.tradeoff(problem, method, skip=skip)
+        points = [Point(p.budget, p.predicted_peak, p.overhead, p.found_at) for p in found]
+        if not left:
+            self.derived.get_or_make(("tradeoff", key, method), lambda: points)
+            return None
+        return points, left
 
     def offload_tradeoff(
         self, key: str, progress: Callable[[float], None] | None = None
@@ -278,7 +307,7 @@ class Studio:
 
             problem = self.problem(key)
             points = core.tradeoff(problem, self.offload_method, OFFLOAD_POINTS, step)
-            return [Point(p.budget, p.predicted_peak, p.overhead) for p in points]
+            return [Point(p.budget, p.predicted_peak, p.overhead, p.found_at) for p in points]
 
         return self.derived.get_or_make(("offload-tradeoff", key, self.offload_method), make)
 

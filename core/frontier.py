@@ -18,6 +18,9 @@ class TradeoffPoint:
     budget: int  # bytes asked
     predicted_peak: int  # bytes the chosen plan peaks at (never above budget)
     overhead: float  # predicted time over store-all time
+    # the budget whose solve found that plan: a lower one when its plan beat this budget's
+    # own (`solve` at `budget` then returns a slower plan than the curve shows)
+    found_at: int = 0
 
 
 def minimum_budget(problem: Problem, method: str = "rockmate") -> int:
@@ -38,10 +41,12 @@ def tradeoff(
     method: str = "rockmate",
     points: int = 24,
     progress: Callable[[float], None] | None = None,
+    skip: Callable[[int], bool] | None = None,
 ) -> list[TradeoffPoint]:
     """Evenly spaced budgets from the method's minimum to the store-all peak; at each, the
     fastest plan found at or below it, so the predicted time never rises with the budget.
-    `progress(fraction)` is called before each solve (it may raise to cancel)."""
+    `progress(fraction)` is called before each solve (it may raise to cancel); a budget where
+    `skip(budget)` is true is left out, unsolved (a first draw without the slow points)."""
     if progress:
         progress(0.0)
     low = minimum_budget(problem, method)
@@ -49,15 +54,18 @@ def tradeoff(
     budgets = sorted({low + (high - low) * i // max(points - 1, 1) for i in range(points)})
     out: list[TradeoffPoint] = []
     best: Plan | None = None
+    found_at = 0
     for n, b in enumerate(budgets):
         if progress:
             progress((n + 1) / (len(budgets) + 1))
+        if skip is not None and skip(b):
+            continue
         try:
             plan: Plan | None = solve(problem, b, method)
         except InfeasibleBudget:
             plan = None
         if plan is not None and (best is None or plan.predicted_time < best.predicted_time):
-            best = plan
+            best, found_at = plan, b
         if best is not None:
-            out.append(TradeoffPoint(b, best.predicted_peak, best.overhead))
+            out.append(TradeoffPoint(b, best.predicted_peak, best.overhead, found_at))
     return out

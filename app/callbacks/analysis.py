@@ -17,7 +17,7 @@ from app.callbacks.common import block_graph, context_sig, fmt, plain_error, sta
 from app.explain import link_text
 from app.figures.axes import empty_figure
 from app.readback import percent, slider_minimum
-from app.state import BASELINES, METHOD_LABELS, STEP_OPTIONS, Studio, base_key
+from app.state import BASELINES, METHOD_LABELS, STEP_OPTIONS, Point, Studio, base_key
 from app.strategies import SHORT, STRATEGY_LABELS, is_strategy
 from app.words import intro
 
@@ -136,7 +136,15 @@ def register(app: Dash, studio: Studio) -> None:
         if not context or not context.get("key"):
             raise PreventUpdate
         try:
-            return curves_view(studio, context, value)
+            first = studio.tradeoff_first(context["key"], solver(context))
+            if first is not None:  # drawn now, its own busy sign on until the ILP's points land
+                set_props(ids.TRADEOFF, {"figure": curves_view(studio, context, value, first)[0]})
+            figure, note = curves_view(studio, context, value)
+            if first is not None:
+                # the first draw waits in the job's side updates until the page polls: the
+                # whole chart replaces it there too, so it never lands after the whole one
+                set_props(ids.TRADEOFF, {"figure": figure})
+            return figure, note
         except Cancelled:
             raise PreventUpdate from None
         except Exception as err:  # shown under the chart; the page stays up
@@ -222,20 +230,28 @@ def solver(context: dict) -> str:
     return context.get("solver") or context["method"]
 
 
-def curves_view(studio: Studio, context: dict, value: float | None) -> tuple[dict, str]:
+def curves_view(
+    studio: Studio,
+    context: dict,
+    value: float | None,
+    first: tuple[list[Point], list[int]] | None = None,
+) -> tuple[dict, str]:
     """The trade-off chart and its note for the analysis `context` (computed here on a miss:
-    seconds to a minute on the small graphs whose rockmate also runs a whole-graph ILP), with
-    the imported strategies' predicted points beside the curves."""
+    seconds to minutes on the small graphs whose rockmate also runs a whole-graph ILP), with
+    the imported strategies' predicted points beside the curves. With `first`
+    (`Studio.tradeoff_first`), the method's curve is drawn without the budgets still waiting
+    for the ILP, its legend says where, and the chart is stamped `FILLING`: not yet for the
+    controls, so it keeps its own busy sign (assets/app.js) until the whole curve lands."""
     problem = studio.problem(context["key"])
     value = value if value is not None else context.get("value", 100.0)
-    chart = tradeoff_chart(studio, context, value)
+    chart = tradeoff_chart(studio, context, value, first)
     key = context["key"]
     autosac = context["method"] == "autosac" or studio.autosac_drawn(key)
     points = studio.strategy_points(key, autosac)
     figures.add_strategy_points(
         chart, strategy_marks(points, problem.store_all_peak), context["method"]
     )
-    figure = stamp(chart, context["for"])
+    figure = stamp(chart, context["for"] + (FILLING if first else ""))
     note = tradeoff_note(context, link_text(problem)) + " " + floor_gap(context, problem)
     return figure, note + strategies_note(context, points, autosac)
 
@@ -281,6 +297,10 @@ def strategies_note(context: dict, points: Sequence[Any], autosac: bool) -> str:
         said += f" Not on this model: {', '.join(missing)} (see the method menu)."
     return said
 
+
+# a first draw of the curves, its whole-graph ILP points still to come: stamped as drawn for
+# other controls than the page's, so it keeps its own busy sign until the whole curve lands
+FILLING = " (filling in)"
 
 LITTLE = 90.0  # a smallest budget this close to 100% leaves nothing to teach
 
@@ -405,15 +425,30 @@ def intro_numbers(studio: Studio, key: str, problem, methods: list[str]) -> dict
     return numbers
 
 
-def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
+def tradeoff_chart(
+    studio: Studio,
+    context: dict,
+    value: float,
+    first: tuple[list[Point], list[int]] | None = None,
+) -> dict:
     """The remat curves (the method's and the baselines'), and beside them the remat+offload
-    curve when the switch is on (`prepare` computed it)."""
+    curve when the switch is on (`prepare` computed it). With `first`, the method's curve is
+    its points so far and its legend names the budgets still left to the whole-graph ILP."""
     key, peak = context["key"], context["peak"]
     curves = {}
+    notes: dict[str, list[str]] = {}
+    labels = dict(METHOD_LABELS)
     for m in [solver(context), *BASELINES]:
         if m in context["methods"] and m not in curves:
-            points = studio.tradeoff(key, m)
+            if first is not None and m == solver(context):
+                points, left = first
+                lo, hi = percent(min(left), peak), percent(max(left), peak)
+                where = f"{lo:.1f}%" if len(left) == 1 else f"{lo:.1f}-{hi:.1f}%"
+                labels[m] = f"{labels.get(m, m)} (the whole-graph ILP still solving at {where})"
+            else:
+                points = studio.tradeoff(key, m)
             curves[m] = [(percent(p.budget, peak), 100 * (p.overhead - 1)) for p in points]
+            notes[m] = [found_below(p, peak) for p in points]
     offload = context.get("offload")
     if offload:
         points = studio.offload_tradeoff(key)
@@ -421,10 +456,22 @@ def tradeoff_chart(studio: Studio, context: dict, value: float) -> dict:
     floor = studio.problem(key).floor
     return figures.tradeoff_figure(
         curves,
-        METHOD_LABELS,
+        labels,
         offload or solver(context),
         value,
         (percent(floor.nbytes, peak), floor.op),
+        notes,
+    )
+
+
+def found_below(point: Point, peak: int) -> str:
+    """The hover's word on a curve point whose plan was found at a lower budget (the curve
+    keeps the fastest plan so far): the slider at this budget shows the plan solved for it."""
+    if not point.found_at or point.found_at == point.budget:
+        return ""
+    return (
+        f"<br>the plan found at {percent(point.found_at, peak):.1f}% (it fits here too);"
+        "<br>the slider here shows the plan solved for this budget"
     )
 
 

@@ -37,6 +37,7 @@ def tradeoff_figure(
     current: str,
     budget_pct: float | None,
     floor: tuple[float, str] | None = None,
+    notes: Mapping[str, Sequence[str]] | None = None,
 ) -> dict:
     """Overhead (% extra time) against budget (% of store-all), one line per method.
 
@@ -46,7 +47,8 @@ def tradeoff_figure(
     whose every point lies on another is drawn over it and says so in its legend entry; the
     y-axis starts below 0, so a curve at no extra time sits above the axis line, not on it.
     Clicking a point sets the budget (its x). `floor` (budget %, the op): below it no plan can
-    go, shaded.
+    go, shaded. `notes`: per method, a line of hover text per point, in `curves`' order ("" for
+    none).
     """
     present = [m for m in curves if curves[m]]
     top = max((y for m in present for _, y in curves[m]), default=0.0)
@@ -71,7 +73,8 @@ def tradeoff_figure(
                 if gap < 0.005
                 else f" (within {gap:.2g} points of {other})"
             )
-        trace = _curve(method, curves[method], label, method == current)
+        said = (notes or {}).get(method)
+        trace = _curve(method, curves[method], label, method == current, said)
         trace["legendrank"] = 1 if method == current else 2 + present.index(method)
         traces.append(trace)
     return {
@@ -130,10 +133,22 @@ def _gap(
     return abs(before[-1][1] - y)
 
 
-def _curve(method: str, points: Sequence[tuple[float, float]], label: str, current: bool) -> dict:
-    """One method's points, bold when it is the current method, with its own marker and dash."""
-    pts = sorted(points)
+def _curve(
+    method: str,
+    points: Sequence[tuple[float, float]],
+    label: str,
+    current: bool,
+    notes: Sequence[str] | None = None,
+) -> dict:
+    """One method's points, bold when it is the current method, with its own marker and dash;
+    `notes`, one per point, end its hover text."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    pts = [points[i] for i in order]
     symbol, dash = METHOD_STYLE.get(method, ("circle", "solid"))
+    extra: dict = {}
+    if notes and any(notes):
+        extra["customdata"] = [notes[i] for i in order]
+    hover = "budget %{x:.1f}%<br>extra time %{y:.1f}%" + ("%{customdata}" if extra else "")
     return {
         "type": "scatter",
         "mode": "lines+markers",
@@ -152,8 +167,9 @@ def _curve(method: str, points: Sequence[tuple[float, float]], label: str, curre
             "color": method_color(method),
             "line": {"width": 2, "color": method_color(method)},
         },
-        "hovertemplate": "budget %{x:.1f}%<br>extra time %{y:.1f}%<extra>" + label + "</extra>",
+        "hovertemplate": hover + "<extra>" + label + "</extra>",
         "meta": method,
+        **extra,
     }
 
 

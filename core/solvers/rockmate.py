@@ -25,6 +25,24 @@ WHOLE_GRAPH_OVERHEAD = 1.5
 
 
 def solve(problem: Problem, budget: int) -> Plan:
+    plan = _without_ilp(problem, budget)
+    if _runs_ilp(problem, budget, plan):
+        plan = _faster(plan, _whole_graph_ilp(problem, budget))
+    if plan is None:
+        raise InfeasibleBudget(budget, minimum(problem), "rockmate")
+    return plan
+
+
+def ilp_pending(problem: Problem, budget: int) -> bool:
+    """Whether `solve(problem, budget)` would still run the whole-graph ILP (seconds; not yet
+    memoised): a trade-off curve can draw its other points first (the app's `draw_curves`)."""
+    if budget in _ilp_plans(problem):
+        return False
+    return _runs_ilp(problem, budget, _without_ilp(problem, budget))
+
+
+def _without_ilp(problem: Problem, budget: int) -> Plan | None:
+    """The faster of the chain's plan and the whole graph's nested schedules at `budget`."""
     try:
         plan: Plan | None = chain_plan(problem, budget, "rockmate", with_options=True)
     except InfeasibleBudget:
@@ -33,11 +51,17 @@ def solve(problem: Problem, budget: int) -> Plan:
         plan = plan.with_notes(*option_notes(chain(problem, True)))
     if budget < problem.store_all_peak:
         plan = _faster(plan, whole_graph_plan(problem, budget))
-        if plan is None or plan.overhead > WHOLE_GRAPH_OVERHEAD:
-            plan = _faster(plan, _whole_graph_ilp(problem, budget))
-    if plan is None:
-        raise InfeasibleBudget(budget, minimum(problem), "rockmate")
     return plan
+
+
+def _runs_ilp(problem: Problem, budget: int, plan: Plan | None) -> bool:
+    """The whole-graph ILP runs on a small graph below the store-all peak where no plan fits
+    or the best one's overhead is above WHOLE_GRAPH_OVERHEAD."""
+    return (
+        budget < problem.store_all_peak
+        and len(problem.graph.ops) <= WHOLE_GRAPH_MAX_OPS
+        and (plan is None or plan.overhead > WHOLE_GRAPH_OVERHEAD)
+    )
 
 
 def _faster(plan: Plan | None, other: Plan | None) -> Plan | None:
@@ -56,11 +80,19 @@ def minimum(problem: Problem) -> int:
 def _whole_graph_ilp(problem: Problem, budget: int) -> Plan | None:
     """The bounded whole-graph ILP's plan at `budget` on a graph of at most WHOLE_GRAPH_MAX_OPS ops
     (None above, or when it finds nothing); memoised per problem and budget."""
-    return _memoised_ilp(problem, budget)
+    plans = _ilp_plans(problem)
+    if budget not in plans:
+        plans[budget] = _bounded_ilp(problem, budget)
+    return plans[budget]
 
 
 @per_problem
-def _memoised_ilp(problem: Problem, budget: int) -> Plan | None:
+def _ilp_plans(problem: Problem) -> dict[int, Plan | None]:
+    """The whole-graph ILP's plans of `problem` by budget, as `_whole_graph_ilp` found them."""
+    return {}
+
+
+def _bounded_ilp(problem: Problem, budget: int) -> Plan | None:
     if len(problem.graph.ops) > WHOLE_GRAPH_MAX_OPS:
         return None
     found = whole_graph_ilp(
