@@ -1,7 +1,7 @@
 """Callbacks: thin glue from page events to `app.state` (core, cached) and `app.figures`.
 
-One module per concern, each with a `register(app, studio)`; outputs are named (dicts), not
-long tuples.
+One module per concern, each with a `register(app, studio)` (`fit` has none: the slider's
+`paint` draws it); outputs are named (dicts), not long tuples.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from app.callbacks import (
     budget,
     compare,
     export,
-    fit,
     fresh,
     graph,
     lesson,
@@ -41,7 +40,6 @@ def register(app: Dash, studio: Studio) -> None:
         step_through,
         export,
         fresh,
-        fit,
         batch,
         lesson,
         compare,

@@ -1,6 +1,7 @@
 """The budget: slider, typed box, trade-off clicks; the slider's hot path re-solves and
-redraws every view of the plan in one request: the timeline, the numbers, the graph's
-colours, the step's words, the tensors, the transfer lane, the arena and the compare view."""
+redraws every view of the plan in two requests side by side: the timeline and the numbers
+(`solve`), then the graph's colours, the step's words, the footprint ("Will it fit?"), the
+transfer lane, and the tensors, the arena and the compare view in sight (`paint`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import core
 from app import figures, ids
 from app.callbacks.common import blank, fmt, plain_error, plan_sig, stamp
 from app.callbacks.compare import COMPARED, compare_view
+from app.callbacks.fit import FIT_VIEW, fit_view
 from app.callbacks.graph import GRAPH_VIEW, graph_view
 from app.callbacks.memory import arena_view, tensors_view, transfers_view
 from app.explain import peak_hint
@@ -56,6 +58,7 @@ LATER = {
 VIEWS = {
     **{f"graph_{k}": v for k, v in GRAPH_VIEW.items()},
     **LATER,
+    **FIT_VIEW,
     "skipped": Output(ids.NUMBERS, "data-skipped"),
 }
 VIEW_STATE = [
@@ -136,8 +139,8 @@ def register(app: Dash, studio: Studio) -> None:
     )
     def paint(value, context, visible, method_b, pct_b, b_shown):
         """Beside `solve`, in a request of its own (so the timeline paints without waiting
-        for the graph's restyle): the graph's colours, the step's words and the views in
-        sight; the others listed as skipped ("plan signature#ids")."""
+        for the graph's restyle): the graph's colours, the step's words, the footprint and
+        the views in sight; the others listed as skipped ("plan signature#ids")."""
         if not context or not context.get("key") or value is None:
             raise PreventUpdate
         ref = plan_ref(studio, context, value)
@@ -148,6 +151,7 @@ def register(app: Dash, studio: Studio) -> None:
         return {
             **{f"graph_{k}": v for k, v in graph.items()},
             **views,
+            **fit_view(studio, ref),
             "skipped": f"{ref['for']}#{skipped}",
         }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dash import Dash, Input, Output
+from dash import Output
 
 from app import ids
 from app.architectures import is_architecture
@@ -17,36 +17,38 @@ from app.state import METHOD_LABELS, Studio
 from app.words import COST_WORDS
 from core import fmt_bytes, footprint
 
+# drawn by the slider's `paint` request (app/callbacks/budget.py) beside the plan's other
+# views: following the PLAN store, it came one round trip after them
+FIT_VIEW = {
+    "fit": Output(ids.FIT, "figure"),
+    "fit_text": Output(ids.FIT_TEXT, "children"),
+    "arch_fit": Output(ids.ARCH_FIT, "children"),
+    "arch_fit_for": Output(ids.ARCH_FIT, "data-for"),
+}
 
-def register(app: Dash, studio: Studio) -> None:
-    @app.callback(
-        Output(ids.FIT, "figure"),
-        Output(ids.FIT_TEXT, "children"),
-        Output(ids.ARCH_FIT, "children"),
-        Output(ids.ARCH_FIT, "data-for"),
-        Input(ids.PLAN, "data"),
-        prevent_initial_call=True,
-    )
-    def draw_fit(plan_ref):
-        said: list[str] = []
 
-        def draw(plan, problem):
-            device = plan_ref["key"].split("|")[2]
-            plain = studio.plan(plan_ref["key"], "store_all", problem.store_all_peak)
-            rows = [
-                ("plain PyTorch", footprint(problem, plain, device)),
-                ("this plan", footprint(problem, plan, device)),
-            ]
-            label = METHOD_LABELS.get(plan.method, plan.method).split(" (")[0]
-            pct = 100 * plan.budget / problem.store_all_peak
-            said.append(fit_words(rows, f"{label} at {pct:.0f}%", device, problem.attention))
-            return fit_figure(rows, device_words(device))
+def fit_view(studio: Studio, plan_ref: dict) -> dict[str, Any]:
+    """`FIT_VIEW`'s values for the plan `plan_ref` names: plain PyTorch's and the plan's
+    footprints against the device's memory, drawn and in words (beside the architectures
+    menu too, when the plan is one of its models); a blank saying why when there is none."""
+    said: list[str] = []
 
-        figure = plan_view(studio, plan_ref, draw)  # no plan on screen: no update
-        words = " ".join(said)
-        # the same answer beside the architectures menu, when the plan is one of its models
-        menu = words if is_architecture((plan_ref.get("key") or "").split("|")[0]) else ""
-        return figure, words, menu, plan_ref["for"]
+    def draw(plan, problem):
+        device = plan_ref["key"].split("|")[2]
+        plain = studio.plan(plan_ref["key"], "store_all", problem.store_all_peak)
+        rows = [
+            ("plain PyTorch", footprint(problem, plain, device)),
+            ("this plan", footprint(problem, plan, device)),
+        ]
+        label = METHOD_LABELS.get(plan.method, plan.method).split(" (")[0]
+        pct = 100 * plan.budget / problem.store_all_peak
+        said.append(fit_words(rows, f"{label} at {pct:.0f}%", device, problem.attention))
+        return fit_figure(rows, device_words(device))
+
+    figure = plan_view(studio, plan_ref, draw)
+    words = " ".join(said)
+    menu = words if is_architecture((plan_ref.get("key") or "").split("|")[0]) else ""
+    return {"fit": figure, "fit_text": words, "arch_fit": menu, "arch_fit_for": plan_ref["for"]}
 
 
 def fit_words(rows: Sequence[tuple[str, Any]], plan_label: str, device: str, attention: str) -> str:
