@@ -17,6 +17,7 @@ from torch import nn
 
 import core
 from app.server import create_app
+from app.state import DEFAULT_MODEL
 from bench.app import CHROMIUM_ARGS
 from core.problem import Problem
 from sample_models import build
@@ -88,6 +89,14 @@ def url() -> Iterator[str]:
     analysed and its curves drawn once a process, not once a module. Its menu has the sample
     models and `untraceable`, a model whose analysis fails."""
     app = create_app({"untraceable": untraceable})
+    # What the first page asks first, made before any page waits for it: gpt-tiny's analysis
+    # and its least budget (the block options). With two fresh-clone runs, a CPU-bound process
+    # and other work on 2 cores (load 19), the first page of a process waited past 300 s for
+    # them (ci16, 2026-11-28); here no page timeout runs.
+    studio = app.studio  # type: ignore[attr-defined]
+    key = studio.key(DEFAULT_MODEL, "estimated", "cpu")
+    studio.strategies(key)
+    studio.minimum(key, studio.default_method())
     address, stop = serve_in_thread(app)
     _SHARED.append(app)
     yield address
