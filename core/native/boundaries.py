@@ -29,6 +29,7 @@ from core.trace.eager_branches import eager_branches
 from core.trace.nodes import AtenNode
 
 START, END = "start", "end"  # the step's own boundaries (module "")
+IGNORED = frozenset(SAC_IGNORED_OPS)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class Boundaries:
     moments: tuple[Boundary, ...]  # in the order they happen
     # places of ops eager did not run as traced in the probe (no stretch may hold them)
     unmatched: frozenset[int] = frozenset()
+    # moments after ops the probe did not run only because they are checkpoint's ignored
+    # ops (autograd's `detach` of a saved result, which `no_grad` skips): between the op
+    # before and the next, which one side of the `detach` does not matter to a stretch
+    loose: tuple[Boundary, ...] = ()
 
     def at(self, place: int) -> list[Boundary]:
         """The moments just before forward op node `place` (the end: `len(nodes)`)."""
@@ -100,12 +105,19 @@ def boundaries(problem: Problem) -> Boundaries:
     seen = {p for _, p in matched}
     nodes = trace.nodes
     unsure = set()
+    loose = set()  # ... after ops checkpoint ignores only (autograd's `detach` of a result)
     for m in moments:
         q = m.place - 1
         while q >= 0 and nodes[places[q]].target is operator.getitem:
             q -= 1
         if q >= 0 and q not in seen:
             unsure.add(m.place)
+            while q >= 0 and (
+                nodes[places[q]].target in IGNORED or nodes[places[q]].target is operator.getitem
+            ):
+                q -= 1
+            if q < 0 or q in seen:
+                loose.add(m.place)
     skipped = frozenset(
         p
         for p, n in enumerate(places)
@@ -117,6 +129,7 @@ def boundaries(problem: Problem) -> Boundaries:
         tuple(places),
         tuple(m for m in moments if m.place not in unsure or m.hook in (START, END)),
         skipped,
+        tuple(m for m in moments if m.place in unsure and m.place in loose),
     )
 
 

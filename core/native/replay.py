@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.checkpoint import (
     SAC_IGNORED_OPS,
     _checkpoint_without_reentrant_generator,
@@ -74,12 +74,19 @@ class Tape(TorchDispatchMode):
     them), which the replay hands back instead of running the op again."""
 
     def __init__(
-        self, label: str, scratch: dict[int, tuple[torch.Tensor, torch.Tensor]], policy: Any
+        self,
+        label: str,
+        scratch: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        policy: Any,
+        anchor: tuple[torch.Tensor, ...] = (),
     ) -> None:
         super().__init__()
         self.label = label
         self.scratch = scratch  # id(buffer) -> (buffer, its scratch)
         self.policy = policy  # `saves(op)`: the next op is saved (PlanMismatch: not traced)
+        self.anchor = anchor  # what a stretch nested in this one saves to it as it opens
+        # (op, True) a nested stretch opened before tape op `op`, (op, False) it closed there
+        self.nested: list[tuple[int, bool]] = []
         self.ops: list[_Record] = []
         self.cache: dict[int, Any] = {}  # tape op -> its outputs, detached, until replayed
         self.made: dict[int, tuple[weakref.ref, int, int]] = {}  # id -> (ref, op, out)
@@ -138,15 +145,29 @@ class Tape(TorchDispatchMode):
                 self.frees[self.last.get((j, i), j)].append((j, i))
         self.made.clear()
 
+    def mark(self, opened: bool) -> None:
+        """A stretch nested in this one opens (or closes) before the next op."""
+        self.nested.append((len(self.ops), opened))
+
     def replay(self, *_anchor: Any) -> None:
         """Run the tape again (checkpoint's recompute): the same ops on the same inputs,
-        autocast off (the tape holds the casts autocast made)."""
+        autocast off (the tape holds the casts autocast made). A stretch nested in this one
+        is opened again where it opened, as a fresh checkpoint (PyTorch's nesting: its
+        inputs saved to this one's recompute, its ops' saved tensors to itself, held by
+        nothing, since this recompute's graph is never run backward)."""
         slots: dict[tuple[int, int], torch.Tensor] = {}
+        marks: dict[int, list[bool]] = {}
+        for at, opened in self.nested:
+            marks.setdefault(at, []).append(opened)
         with contextlib.ExitStack() as stack:
             for device in ("cpu", "cuda"):
                 if torch.amp.is_autocast_available(device):
                     stack.enter_context(torch.autocast(device, enabled=False))
+            fresh = _Fresh(self.anchor)
+            stack.callback(fresh.abandon)
             for j, (func, args, kwargs, reads) in enumerate(self.ops):
+                for opened in marks.get(j, ()):
+                    fresh.step(opened)
                 if reads:
                     args = tuple(_value(x, slots) for x in args)
                     kwargs = {k: _value(x, slots) for k, x in kwargs.items()}
@@ -161,6 +182,47 @@ class Tape(TorchDispatchMode):
                 del out
                 for key in self.frees[j]:
                     del slots[key]
+            for opened in marks.get(len(self.ops), ()):
+                fresh.step(opened)
+
+
+class _Fresh:
+    """The stretches nested in a replayed one, opened again as fresh non-reentrant
+    checkpoints of nothing to recompute: opening one saves the anchor to the replay's
+    recompute (a holder of the forward, filled; early stop may end the replay there), and
+    its ops' saved tensors go to the fresh checkpoint's holders, which hold nothing."""
+
+    def __init__(self, anchor: tuple[torch.Tensor, ...]) -> None:
+        self.anchor = anchor
+        self.open: list[Any] = []
+
+    def step(self, opened: bool) -> None:
+        if opened:
+            gen = _checkpoint_without_reentrant_generator(
+                _nothing, False, noop_context_fn, "default", False, True, *self.anchor
+            )
+            next(gen)
+            self.open.append(gen)
+        else:
+            _finish(self.open.pop())
+
+    def abandon(self) -> None:
+        """Leave the hooks of those still open (the replay stopped or failed)."""
+        while self.open:
+            self.open.pop().close()
+
+
+def _nothing(*_: Any) -> None:  # pragma: no cover - a fresh nested checkpoint never recomputes
+    raise AssertionError("a stretch opened again in a replay recomputed")
+
+
+def _finish(gen: Any) -> None:
+    """Step a checkpoint generator past its end (it yields once)."""
+    try:
+        next(gen)
+    except StopIteration:
+        return
+    raise AssertionError("checkpoint's generator yielded twice")  # pragma: no cover
 
 
 def _value(x: Any, slots: dict[tuple[int, int], torch.Tensor]) -> Any:
@@ -236,7 +298,10 @@ def _written(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
 
 
 class _Open:
-    """A stretch being run: its checkpoint generator, tape and policy."""
+    """A stretch being run: its checkpoint generator, tape and policy. Opened inside
+    another (nested), its generator saves the anchor to that one's checkpoint as it opens
+    (PyTorch's rule for a nested checkpoint's inputs), outside every dispatch mode (the
+    enclosing stretches' tapes record the model's ops only)."""
 
     def __init__(
         self,
@@ -245,25 +310,22 @@ class _Open:
         scratch: dict[int, tuple[torch.Tensor, torch.Tensor]],
         anchor: tuple[torch.Tensor, ...],
         random: bool,
+        nested: bool,
     ) -> None:
         self.stretch = stretch
         self.policy = policy
-        self.tape = Tape(stretch.label, scratch, policy)
+        self.tape = Tape(stretch.label, scratch, policy, anchor)
         # the random state is kept for the replay only where it draws random numbers
         self.gen = _checkpoint_without_reentrant_generator(
             self.tape.replay, random, noop_context_fn, "default", False, True, *anchor
         )
-        next(self.gen)
+        with _disable_current_modes() if nested else contextlib.nullcontext():
+            next(self.gen)
         self.tape.__enter__()
 
     def close(self) -> None:
         self.tape.__exit__(None, None, None)
-        try:
-            next(self.gen)
-        except StopIteration:
-            pass
-        else:  # pragma: no cover - the generator yields once
-            raise AssertionError("checkpoint's generator yielded twice")
+        _finish(self.gen)
         self.policy.check_done()
         self.tape.finish()
 
@@ -277,7 +339,8 @@ class _Open:
 class Stretches:
     """The stretches of a native plan, opened and closed at their moments: hooks on the
     submodules whose calls begin or end one, and `step()` around the step's forward (its
-    start and end)."""
+    start and end). A stretch nested in another opens inside it (after it, at a moment
+    both begin at) and closes before it."""
 
     def __init__(
         self,
@@ -287,16 +350,19 @@ class Stretches:
     ) -> None:
         self.stretches = stretches
         self.policy = policy
-        self.starts: dict[Moment, Stretch] = {_key(s.start): s for s in stretches}
-        self.random = {_key(s.start): _draws(s) for s in stretches}
-        self.ends: dict[Moment, Stretch] = {_key(s.end): s for s in stretches}
+        self.starts: dict[Moment, list[Stretch]] = {}
+        self.ends: dict[Moment, list[Stretch]] = {}
+        for s in stretches:  # parents are listed before what they hold
+            self.starts.setdefault(_key(s.start), []).append(s)
+            self.ends.setdefault(_key(s.end), []).insert(0, s)
+        self.random = {id(s): _draws(s) for s in stretches}
         self.scratch = _scratch(model)
         param = next(model.parameters(), None)
         self.anchor = (param,) if param is not None else ()
         self.depth = 0
         self.active = False
         self.calls: dict[tuple[str, str], int] = {}
-        self.open: _Open | None = None
+        self.open: list[_Open] = []  # the stretches open now, the outermost first
         self.hooks: list[Any] = []
         wanted = {(m, h) for m, h, _ in (*self.starts, *self.ends) if m}
         for name, sub in model.named_modules():
@@ -328,15 +394,15 @@ class Stretches:
             yield
             if outermost:
                 self._fire(("", END, 0))
-                if self.open is not None:
+                if self.open:
                     raise PlanMismatch(
-                        f"{self.open.stretch.label}: the step ended before this stretch "
+                        f"{self.open[-1].stretch.label}: the step ended before this stretch "
                         "did: the model runs other code than it did when analysed"
                     )
         except BaseException as e:
-            if outermost and self.open is not None:
-                self.open.abort(e)
-                self.open = None
+            if outermost:
+                while self.open:
+                    self.open.pop().abort(e)
             raise
         finally:
             self.depth -= 1
@@ -353,19 +419,31 @@ class Stretches:
     def _fire(self, moment: Moment) -> None:
         if not self.active:
             return
-        ending = self.ends.get(moment)
-        if ending is not None and self.open is not None and self.open.stretch is ending:
-            closing, self.open = self.open, None
-            closing.close()
-        starting = self.starts.get(moment)
-        if starting is not None:
-            if self.open is not None:
+        for ending in self.ends.get(moment, ()):
+            if self.open and self.open[-1].stretch is ending:
+                self.open.pop().close()
+                for around in self.open:
+                    around.tape.mark(False)
+        for starting in self.starts.get(moment, ()):
+            parent = None if starting.parent is None else self.stretches[starting.parent]
+            top = self.open[-1].stretch if self.open else None
+            if top is not parent:
                 raise PlanMismatch(
-                    f"{starting.label}: begins while {self.open.stretch.label} runs: the "
-                    "model runs other code than it did when analysed"
+                    f"{starting.label}: begins while "
+                    f"{top.label if top is not None else 'no stretch'} runs: the model runs "
+                    "other code than it did when analysed"
                 )
-            self.open = _Open(
-                starting, self.policy(starting), self.scratch, self.anchor, self.random[moment]
+            for around in self.open:
+                around.tape.mark(True)
+            self.open.append(
+                _Open(
+                    starting,
+                    self.policy(starting),
+                    self.scratch,
+                    self.anchor,
+                    self.random[id(starting)],
+                    bool(self.open),
+                )
             )
 
 

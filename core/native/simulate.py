@@ -60,6 +60,9 @@ class Checkpointed:
     # after which the replay drops it, instead of the model's Python lifetimes
     replay_drops: dict[int, int] | None = None
     early_stop: bool = True  # False: the recompute runs the whole forward (torchtitan's)
+    # the region this one runs inside (nested checkpoint, `core.native.replay`): an index
+    # into the regions, listed before this one; None at the top
+    parent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class _Region:
     saving: set[int]  # backward ops of the region's nodes that saved a tensor
     stop: int = -1  # the last op the recompute runs (-1: nothing recomputed)
     replay_drops: dict[int, int] | None = None  # see Checkpointed
+    parent: int | None = None  # see Checkpointed
 
 
 def native_program(
@@ -135,7 +139,10 @@ def native_program(
     for n in nodes:
         if n.role == "op" and n.module is not None and op_of.get(n.index) not in clones:
             maker.setdefault(n.seq_nr, n.index)
-    region_of_node = {n: r for r, reg in enumerate(regions) for n in reg.nodes}
+    depth = _depths(regions)
+    region_of_node = {  # the innermost region running a node: its saved tensors are that one's
+        n: r for r in sorted(range(len(regions)), key=depth.__getitem__) for n in regions[r].nodes
+    }
     existing = {
         v.index
         for v in graph.values
@@ -144,7 +151,13 @@ def native_program(
     arriving = {v.index for v in graph.values if v.kind == "tangent"}
     parts = [
         _Region(
-            _ops_in(reg, graph, forward_ops), reg.cached, reg.inputs, set(), -1, reg.replay_drops
+            _ops_in(reg, graph, forward_ops),
+            reg.cached,
+            reg.inputs,
+            set(),
+            -1,
+            reg.replay_drops,
+            reg.parent,
         )
         for reg in regions
     ]
@@ -173,11 +186,25 @@ def native_program(
             # autograd packs a node's inputs before its op runs, its results after: when
             # the last holder is an input's, the recompute stops before that op
             part.stop = max(part.stop, op_of[made] if made in own else op_of[made] - 1)
+    for part in parts:  # a nested region saves its inputs to its parent as it opens: the
+        # parent's recompute runs up to there at least (its ops before the nested one's)
+        if part.parent is not None and part.ops:
+            parent = parts[part.parent]
+            before = [o for o in parent.ops if o < part.ops[0]]
+            parent.stop = max(parent.stop, before[-1] if before else -1)
     for part, reg in zip(parts, regions):
         if not reg.early_stop and part.stop >= 0:
             part.stop = max(part.ops)
     builder = _Builder(graph, parts, owner, calls, dropped or {}, inplace, forward_ops)
     return builder.build(_Offloads(offloaded, link, copied_back))
+
+
+def _depths(regions: Sequence[Checkpointed]) -> list[int]:
+    """How many regions each region runs inside."""
+    out: list[int] = []
+    for reg in regions:
+        out.append(0 if reg.parent is None else out[reg.parent] + 1)
+    return out
 
 
 def autocast_casts(graph: Graph) -> set[int]:
@@ -359,7 +386,10 @@ class _Builder:
                 continue
             reg = self.owner.get(b)
             if reg is not None and reg not in copies and b in parts[reg].saving:
-                copies[reg] = self._recompute(reg)
+                # its inputs are unpacked from its parent first, which recomputes that one
+                for r in self._lineage(reg):
+                    if r not in copies:
+                        copies[r] = self._recompute(r)
             if b in first:
                 unpacked = self._unpack(first[b], offloads)
             op = graph.ops[b]
@@ -373,12 +403,23 @@ class _Builder:
             self.at[b] = len(self.runs) - 1
             if reg is not None and last.get(reg) == b:
                 death[reg] = len(self.runs) - 1
+        for r in sorted(range(len(parts)), key=lambda r: -len(self._lineage(r))):
+            parent = parts[r].parent  # a nested region's frame holds its parent's (its inputs)
+            if parent is not None:
+                death[parent] = max(death[parent], death[r])
         for r, p in enumerate(parts):
             self._frame_holds(r, p, region_of_op, death[r])
         self._node_holds()
         for base, result in self.aliases:  # one storage: it lives while either does
             self._hold(base, self.release[result])
         return self._program(n_forward)
+
+    def _lineage(self, r: int) -> list[int]:
+        """Region `r` and the regions it runs inside, the outermost first."""
+        out = [r]
+        while self.parts[out[-1]].parent is not None:
+            out.append(self.parts[out[-1]].parent)  # type: ignore[arg-type]
+        return out[::-1]
 
     def _extra(self, op: NativeOp) -> None:
         """Run an op that is no graph op's run: a pack or an unpack of an offloaded value."""

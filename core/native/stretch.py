@@ -18,7 +18,7 @@ unpack, and holds what it made until used). Cuts at several weights are simulate
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
@@ -49,6 +49,9 @@ class Stretch:
     policy_nodes: tuple[int, ...]  # the traced node of each policy op
     cached: frozenset[int]  # graph ops whose results the policy saves
     replay_drops: tuple[tuple[int, int], ...]  # value -> graph op after which the replay drops it
+    # the stretch it runs inside (an index into its cover's stretches, listed before it), or
+    # None: a nested stretch begins where its parent does (`Cover.nests`)
+    parent: int | None = None
 
     @property
     def label(self) -> str:
@@ -66,6 +69,8 @@ class Cover:
     stretches: tuple[Stretch, ...]
     whole: tuple[int, ...]  # blocks the plan recomputes in that no stretch covers
     cuts: frozenset[int] = frozenset()  # the places it was cut at
+    # places where a stretch nested in another ends: it begins where the enclosing one does
+    nests: frozenset[int] = frozenset()
 
 
 def covers(
@@ -74,6 +79,7 @@ def covers(
     kept: set[int],
     recomputed: set[int],
     taken: list[tuple[int, int]],
+    loose: bool = False,
 ) -> list[Cover]:
     """Candidate stretch covers of `blocks` (block indices): the coarse one (a stretch per
     block, snapped outward to moments) and covers also cut inside the blocks
@@ -81,10 +87,10 @@ def covers(
     a threshold (0: only kept values cross; then the quartiles of those weights, up to a
     cut at every moment). `kept`: values the plan keeps through the forward; `recomputed`:
     graph ops it runs again; `taken`: places [start, end) of submodule regions, which no
-    stretch may overlap."""
+    stretch may overlap. With `loose`, at loose moments too (`Boundaries.loose`)."""
     if not blocks:
         return [Cover((), ())]
-    cutting = Cutting.of(problem, blocks, kept, recomputed, taken)
+    cutting = Cutting.of(problem, blocks, kept, recomputed, taken, loose)
     spans = cutting.spans
     ends: set[int] = set()
     for _, start, end in spans:
@@ -143,15 +149,17 @@ class Cutting:
         kept: set[int],
         recomputed: set[int],
         taken: list[tuple[int, int]],
+        loose: bool = False,
     ) -> Cutting:
         """The cutting of `blocks` under a plan keeping `kept` and recomputing `recomputed`,
-        around submodule regions at places `taken`."""
+        around submodule regions at places `taken`; with `loose`, at the boundaries' loose
+        moments too (`Boundaries.loose`)."""
         bnd = boundaries(problem)
         graph = problem.graph
         place_of = {n: i for i, n in enumerate(bnd.nodes)}
         op_of = {n: op.index for op in graph.ops for n in op.nodes}
         first_at: dict[int, Boundary] = {}
-        for moment in bnd.moments:
+        for moment in (*bnd.moments, *(bnd.loose if loose else ())):
             first_at.setdefault(moment.place, moment)
         inside = {p for s, e in taken for p in range(s + 1, e)}
         allowed = sorted(p for p in first_at if p not in inside)
@@ -209,8 +217,11 @@ class Cutting:
         self,
         cuts: set[int] | frozenset[int],
         spans: Sequence[tuple[int, int | None, int | None]] | None = None,
+        nests: frozenset[int] = frozenset(),
     ) -> Cover:
-        """The cover cut at `cuts` (places), within `spans` (default: the blocks')."""
+        """The cover cut at `cuts` (places), within `spans` (default: the blocks'), with a
+        stretch nested in the one around each place of `nests` that is no cut, from that
+        one's beginning to there."""
         return _cover(
             self.problem,
             self.bnd,
@@ -221,6 +232,7 @@ class Cutting:
             set(self.recomputed),
             list(self.taken),
             self.op_of,
+            nests - set(cuts),
         )
 
 
@@ -278,12 +290,15 @@ def _cover(
     recomputed: set[int],
     taken: list[tuple[int, int]],
     op_of: dict[int, int],
+    nests: frozenset[int] = frozenset(),
 ) -> Cover:
     """The stretches between consecutive `cuts` that hold an op the plan recomputes, lie in
-    a block's span and write nothing made before them (a replay would write it again)."""
+    a block's span and write nothing made before them (a replay would write it again); in
+    each, from its beginning to each place of `nests` inside it, a nested stretch (one
+    holding an op the plan recomputes), each inside the next longer one."""
     graph = problem.graph
     covered: set[int] = set()
-    out = []
+    out: list[Stretch] = []
     inplace = in_place_ops(graph)
     for s, e in zip(cuts, cuts[1:], strict=False):
         if not any(
@@ -298,7 +313,19 @@ def _cover(
         ops = {op_of[n] for n in stretch_nodes if n in op_of}
         if not ops & recomputed or _writes_outside(problem, stretch_nodes, inplace, op_of):
             continue
-        out.append(_stretch(problem, first_at[s], first_at[e], stretch_nodes, kept, op_of))
+        ends = [e] + [
+            m
+            for m in sorted(nests, reverse=True)
+            if s < m < e and {op_of[n] for n in bnd.nodes[s:m] if n in op_of} & recomputed
+        ]
+        parent: int | None = None
+        for k, m in enumerate(ends):
+            inner = bnd.nodes[s : ends[k + 1]] if k + 1 < len(ends) else ()
+            out.append(
+                _stretch(problem, first_at[s], first_at[m], bnd.nodes[s:m], kept, op_of, inner)
+            )
+            out[-1] = replace(out[-1], parent=parent)
+            parent = len(out) - 1
         covered |= ops
     whole = tuple(
         b
@@ -306,7 +333,7 @@ def _cover(
         if set(problem.blocks[b].forward_ops) & recomputed - covered
         and not set(problem.blocks[b].forward_ops) & covered
     )
-    return Cover(tuple(out), whole, frozenset(cuts))
+    return Cover(tuple(out), whole, frozenset(cuts), nests)
 
 
 def _writes_outside(
@@ -334,13 +361,17 @@ def _stretch(
     stretch: tuple[int, ...],
     kept: set[int],
     op_of: dict[int, int],
+    inner: Sequence[int] = (),
 ) -> Stretch:
     """The stretch's policy ops and saves (as a submodule region's: an op is saved when
     the plan keeps one of its results through the forward; a random op only when every
-    later random op of the stretch is) and when its replay drops each value."""
+    later random op of the stretch is; none of the `inner` nodes, a stretch nested in it,
+    which saves its own) and when its replay drops each value."""
     graph = problem.graph
     nodes = graph.trace.nodes
-    order, save = save_mask(problem, stretch, kept, op_of)
+    order, save = save_mask(
+        problem, stretch, kept, op_of, frozenset(op_of[n] for n in inner if n in op_of)
+    )
     cached = frozenset(op_of[n] for n, s in zip(order, save, strict=True) if s and n in op_of)
     mine = set(stretch)
     region_ops = [o for o in sorted(set(op_of[n] for n in stretch if n in op_of))]
@@ -363,17 +394,22 @@ def _stretch(
 
 
 def save_mask(
-    problem: Problem, nodes: Sequence[int], kept: set[int], op_of: dict[int, int]
+    problem: Problem,
+    nodes: Sequence[int],
+    kept: set[int],
+    op_of: dict[int, int],
+    unsaved: frozenset[int] = frozenset(),
 ) -> tuple[list[int], tuple[bool, ...]]:
     """A region's policy nodes (its ATen ops SAC sees, in order) and which of them it saves:
-    an op whose result the plan keeps through the forward; a random op only when every later
-    random op of the region is saved too, so a recompute draws as the forward did."""
+    an op whose result the plan keeps through the forward (but none of `unsaved`); a random
+    op only when every later random op of the region is saved too, so a recompute draws as
+    the forward did."""
     graph = problem.graph
     trace_nodes = graph.trace.nodes
     order = [n for n in nodes if isinstance(trace_nodes[n].target, torch._ops.OpOverload)]
     order = [n for n in order if trace_nodes[n].target not in SAC_IGNORED_OPS]
     ops_in = sorted({op_of[n] for n in order if n in op_of})
-    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs)}
+    saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs) and o not in unsaved}
     later_recomputed = False
     for o in reversed(ops_in):
         if graph.ops[o].random:
