@@ -67,7 +67,8 @@ def tradeoff_figure(
         label = labels.get(method, method)
         under = on[method]
         if under is not None:
-            other, gap = labels.get(under[0], under[0]), under[1]
+            # the other curve's name alone, not its parenthesis (nor a note in it)
+            other, gap = labels.get(under[0], under[0]).split(" (")[0], under[1]
             label += (
                 f" (coincides with {other})"
                 if gap < 0.005
