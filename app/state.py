@@ -26,7 +26,6 @@ from app.readback import live_bands
 from app.strategies import AUTOSAC_BUDGETS, AUTOSAC_MAX_OPS, FIXED, StrategyPoint
 from core import ModelCall, available_methods, device_memory, minimum_budget
 from core import strategies as imports
-from core.solvers import rockmate
 
 log = logging.getLogger(__name__)
 
@@ -275,13 +274,13 @@ class Studio:
         if method != "rockmate" or ("tradeoff", key, method) in self.derived:
             return None
         problem = self.problem(key)
-        if len(problem.graph.ops) > rockmate.WHOLE_GRAPH_MAX_OPS:
+        if len(problem.graph.ops) > core.WHOLE_GRAPH_MAX_OPS:
             return None
         left: list[int] = []
 
         def skip(budget: int) -> bool:
             check_cancelled()
-            if rockmate.ilp_pending(problem, budget):
+            if core.ilp_pending(problem, budget):
                 left.append(budget)
                 return True
             return False

@@ -52,6 +52,7 @@ from core.simulator import (
 from core.simulator.timeline import step_values
 from core.solvers import available_methods, parse_budget, solve
 from core.solvers.keep_sets import Recompute
+from core.solvers.rockmate import WHOLE_GRAPH_MAX_OPS, ilp_pending
 from core.trace import Autocast, capture
 from core.trace.loss_head import LossHead, chunked_head
 
@@ -66,6 +67,8 @@ __all__ = [
     "parse_budget",
     "solve",
     "tradeoff",
+    "ilp_pending",
+    "WHOLE_GRAPH_MAX_OPS",
     "minimum_budget",
     "autocast_casts",
     "reorder",
