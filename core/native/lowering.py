@@ -208,8 +208,9 @@ def _searched_cuts(
     removed), and a change is kept when the step's native (peak, time) improves, until a
     pass changes nothing or `SEARCH_EVALUATIONS` runs out. Then, from there and from
     `loose_start`, the same over the loose moments too (`Boundaries.loose`), each place
-    toggled as a cut and as the end of a nested stretch; the lowest of the three wins. It asks no budget, so the method's search for its least peak and
-    the plan it returns share it. The candidate covers cut by weights and block groups
+    toggled as a cut and as the end of a nested stretch; the lowest of the three wins. It
+    asks no budget, so the method's search for its least peak and the plan it returns share
+    it. The candidate covers cut by weights and block groups
     (`covers`) miss cuts that hold less: mlp-batch's least native peak was 78.7% of
     store-all from them, 71.5% with cuts searched, 60.9% with nested stretches too."""
     strict = Cutting.of(problem, list(blocks), set(kept), set(recomputed), [])
