@@ -29,6 +29,8 @@ from typing import Any
 
 from dash import DiskcacheManager
 
+from core import Interrupted, stop_when
+
 PROBLEMS = 4
 PLANS = 64
 DERIVED = 64
@@ -89,18 +91,15 @@ class LRU:
             return value
 
 
-class Cancelled(Exception):
-    """The page asked to stop a background job (a new model was chosen meanwhile)."""
-
-
 _job_state = threading.local()
 
 
 def check_cancelled() -> None:
-    """Raise `Cancelled` inside a background job whose page cancelled it."""
+    """Raise `Interrupted` inside a background job whose page cancelled it (a new model was
+    chosen meanwhile)."""
     event = getattr(_job_state, "cancel", None)
     if event is not None and event.is_set():
-        raise Cancelled("cancelled")
+        raise Interrupted("cancelled by the page")
 
 
 class ThreadedDiskcacheManager(DiskcacheManager):
@@ -122,8 +121,9 @@ class ThreadedDiskcacheManager(DiskcacheManager):
 
         def run() -> None:
             _job_state.cancel = cancel
-            try:
-                job_fn(key, self._make_progress_key(key), args, context)
+            try:  # a solve in progress (an ILP of minutes) stops too, not only between solves
+                with stop_when(cancel.is_set):
+                    job_fn(key, self._make_progress_key(key), args, context)
             finally:
                 _job_state.cancel = None
 

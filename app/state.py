@@ -19,12 +19,12 @@ import torch
 
 import core
 import sample_models
-from app.cache import DERIVED, LRU, PLANS, PROBLEMS, Cancelled, check_cancelled
+from app.cache import DERIVED, LRU, PLANS, PROBLEMS, check_cancelled
 from app.explain import tensor_rows
 from app.models import as_call, resolve_builder
 from app.readback import live_bands
 from app.strategies import AUTOSAC_BUDGETS, AUTOSAC_MAX_OPS, FIXED, StrategyPoint
-from core import ModelCall, available_methods, device_memory, minimum_budget
+from core import Interrupted, ModelCall, available_methods, device_memory, minimum_budget
 from core import strategies as imports
 
 log = logging.getLogger(__name__)
@@ -374,10 +374,10 @@ class Studio:
                             raise imports.NotApplicable(f"the model of {key} is gone")
                         imports.decoder_layers(model)
                     out[method] = None
+                except Interrupted:
+                    raise
                 except core.RematError as err:
                     out[method] = str(err)
-                except Cancelled:
-                    raise
                 except Exception as err:  # a failure of its import: the page stays up
                     log.exception("importing %s on %s failed", method, key)
                     out[method] = f"importing it failed here ({type(err).__name__}: {err})"
@@ -411,6 +411,8 @@ class Studio:
                 budget = int(fraction * peak)
                 try:
                     got = self.imported(key, "autosac", budget, lock=after_the_page)
+                except Interrupted:
+                    raise
                 except core.RematError:
                     continue  # refused at this budget: no point
                 except Exception:  # torch's own tooling failing on this model

@@ -12,6 +12,7 @@ from core.costs import DEVICES, LINK_BYTES, measure_link
 from core.errors import (
     BudgetError,
     InfeasibleBudget,
+    Interrupted,
     InvalidPlan,
     PlanFileError,
     PlanMismatch,
@@ -24,6 +25,7 @@ from core.footprint import OPTIMIZER, Footprint, device_memory, footprint, optim
 from core.frontier import minimum_budget, tradeoff
 from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
+from core.interrupt import stop_when
 from core.layout import Arena, arena
 from core.memory import StorageTracker, host_copy, step_tensors
 from core.model_call import ModelCall
@@ -70,6 +72,7 @@ __all__ = [
     "ilp_pending",
     "WHOLE_GRAPH_MAX_OPS",
     "minimum_budget",
+    "stop_when",
     "autocast_casts",
     "reorder",
     "lower",
@@ -135,6 +138,7 @@ __all__ = [
     "RematError",
     "BudgetError",
     "InfeasibleBudget",
+    "Interrupted",
     "InvalidPlan",
     "PlanFileError",
     "PlanMismatch",

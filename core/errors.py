@@ -47,6 +47,10 @@ class InvalidPlan(RematError, ValueError):
     """A program that cannot run: an input not live, a double free, a misplaced backward op."""
 
 
+class Interrupted(RematError):
+    """A solve stopped because its caller asked (`core.stop_when`); it returned no plan."""
+
+
 class BudgetError(RematError, ValueError):
     """A budget that is not a number of bytes or a fraction of the store-all peak."""
 

@@ -12,7 +12,6 @@ from dash.exceptions import PreventUpdate
 
 import core
 from app import figures, ids
-from app.cache import Cancelled
 from app.callbacks.common import block_graph, context_sig, fmt, plain_error, stamp
 from app.explain import link_text
 from app.figures.axes import empty_figure
@@ -68,7 +67,7 @@ def register(app: Dash, studio: Studio) -> None:
                 set_to,
                 step,
             )
-        except Cancelled:
+        except core.Interrupted:
             raise PreventUpdate from None
         except Exception as err:  # shown in the page; the app stays up
             log.exception("analysing %s (%s, %s) failed", model, costs, device)
@@ -145,7 +144,7 @@ def register(app: Dash, studio: Studio) -> None:
                 # whole chart replaces it there too, so it never lands after the whole one
                 set_props(ids.TRADEOFF, {"figure": figure})
             return figure, note
-        except Cancelled:
+        except core.Interrupted:
             raise PreventUpdate from None
         except Exception as err:  # shown under the chart; the page stays up
             log.exception("the trade-off curves of %s failed", context["key"])
@@ -370,7 +369,7 @@ def analyse(
         set_progress(["97", f"{model}: {doing}…"])
         try:
             studio.imported(key, method, int(start / 100 * peak))
-        except Cancelled:
+        except core.Interrupted:
             raise
         except Exception:
             log.info("importing %s on %s failed (shown under the slider)", method, key)

@@ -13,12 +13,11 @@ from dash.exceptions import PreventUpdate
 
 from app import ids
 from app.batch import BATCHES, batch_figure, batch_rows
-from app.cache import Cancelled
 from app.callbacks.common import NOT_OURS, blank, plain_error, stamp
 from app.callbacks.fit import device_words
 from app.figures.axes import empty_figure
 from app.state import METHOD_LABELS, Studio, after_the_page, base_key
-from core import BatchProblems, device_memory
+from core import BatchProblems, Interrupted, device_memory
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def register(app: Dash, studio: Studio) -> None:
             raise PreventUpdate
         try:
             return batch_view(studio, plan_ref)
-        except Cancelled:
+        except Interrupted:
             raise PreventUpdate from None
         except Exception as err:  # shown under the chart; the page stays up
             log.exception("memory against batch size of %s failed", plan_ref["key"])

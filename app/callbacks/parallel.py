@@ -13,12 +13,11 @@ from dash import Dash, Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
 from app import ids
-from app.cache import Cancelled
 from app.callbacks.common import plain_error
 from app.figures.axes import empty_figure
 from app.figures.parallel import parallel_figure
 from app.state import PARALLEL_MAX_OPS, Studio
-from core import fmt_bytes
+from core import Interrupted, fmt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ def register(app: Dash, studio: Studio) -> None:
             return {**out, "fig": EMPTY, "text": ""}
         try:
             fig, text = parallel_view(studio, context["key"], int(devices))
-        except Cancelled:
+        except Interrupted:
             raise PreventUpdate from None
         except Exception as err:  # shown in the card; the page stays up
             log.exception("parallel plan of %s over %s devices failed", context["key"], devices)

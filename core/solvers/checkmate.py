@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import highspy
 import pulp
 
-from core.errors import InfeasibleBudget
+from core.errors import InfeasibleBudget, Interrupted
+from core.interrupt import stop_condition
 from core.plan import Plan
 from core.problem import Problem, per_problem
 from core.schedule import plan_from_runs
@@ -246,8 +247,30 @@ def _result(dag: Dag, st: _Stages, ilp: _Vars, solver: str, status: str, limit: 
 
 
 class _HiGHS(pulp.HiGHS):
-    """PuLP's HiGHS, also reading the incumbent of a node-limited solve: PuLP 3.3 has no
-    status for HiGHS's kSolutionLimit (raised by mip_max_nodes) and fails with a KeyError."""
+    """PuLP's HiGHS, also reading the incumbent of a node-limited solve (PuLP 3.3 has no
+    status for HiGHS's kSolutionLimit, raised by mip_max_nodes, and fails with a KeyError),
+    and stopped at its interrupt callbacks when the thread's `core.stop_when` condition holds
+    (then raising `Interrupted`, no result read)."""
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:
+        should_stop = stop_condition()
+        if should_stop is None:
+            lp.solverModel.run()
+            return
+        stopped = False
+
+        def poll(event: highspy.highs.HighsCallbackEvent) -> None:
+            nonlocal stopped
+            if should_stop():
+                stopped = True
+                event.interrupt()
+
+        model = lp.solverModel
+        for callback in (model.cbSimplexInterrupt, model.cbIpmInterrupt, model.cbMipInterrupt):
+            callback += poll
+        model.run()
+        if stopped:
+            raise Interrupted("the ILP stopped: the caller asked (core.stop_when)")
 
     def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
         model = lp.solverModel
