@@ -13,6 +13,7 @@ import pytest
 import torch
 from dash import Dash
 from helpers import serve_in_thread, untraceable
+from playwright.sync_api import Browser, Page
 from torch import nn
 
 import core
@@ -132,3 +133,32 @@ def browser_type_launch_args(browser_type_launch_args):
             pytest.fail(message)
         pytest.skip(message)
     return {**browser_type_launch_args, "executable_path": path, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def _pages() -> dict[str, Page]:
+    """The page a test process's browser tests share (see `page`)."""
+    return {}
+
+
+@pytest.fixture
+def page(_pages: dict[str, Page], browser: Browser, browser_context_args: dict) -> Iterator[Page]:
+    """One browser page a test process, navigated afresh by each browser test: a page opens
+    the app on a cached model in about 1 s where a new page (or context) took 3 s, the
+    renderer's caches warm (pytest-playwright makes a context a test). The app keeps nothing
+    in cookies or web storage, and each test starts with a `goto`, so tests share no app
+    state; after each, the page leaves the app (its polls end before the test's jobs are
+    stopped), its viewport and routes are reset, and a page that broke is replaced."""
+    shared = _pages.get("page")
+    if shared is None or shared.is_closed():
+        shared = _pages["page"] = browser.new_context(**browser_context_args).new_page()
+    viewport = shared.viewport_size
+    yield shared
+    try:
+        shared.unroute_all()
+        shared.goto("about:blank")
+        if viewport is not None:
+            shared.set_viewport_size(viewport)
+    except Exception:  # a crashed or wedged page: the next test gets a new one
+        shared.context.close()
+        _pages.pop("page", None)
