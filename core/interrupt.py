@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from core.errors import Interrupted
-
 _local = threading.local()
 
 
@@ -34,10 +32,3 @@ def stop_when(should_stop: Callable[[], bool]) -> Iterator[None]:
 def stop_condition() -> Callable[[], bool] | None:
     """The condition `stop_when` set on this thread, if any."""
     return getattr(_local, "should_stop", None)
-
-
-def raise_if_stopped() -> None:
-    """Raise `Interrupted` when this thread's stop condition holds."""
-    should_stop = stop_condition()
-    if should_stop is not None and should_stop():
-        raise Interrupted("stopped: the caller asked (core.stop_when)")
