@@ -255,7 +255,7 @@ class _HiGHS(pulp.HiGHS):
     def callSolver(self, lp: pulp.LpProblem) -> None:
         should_stop = stop_condition()
         if should_stop is None:
-            lp.solverModel.run()
+            super().callSolver(lp)
             return
         stopped = False
 
@@ -268,7 +268,7 @@ class _HiGHS(pulp.HiGHS):
         model = lp.solverModel
         for callback in (model.cbSimplexInterrupt, model.cbIpmInterrupt, model.cbMipInterrupt):
             callback += poll
-        model.run()
+        super().callSolver(lp)
         if stopped:
             raise Interrupted("the ILP stopped: the caller asked (core.stop_when)")
 
