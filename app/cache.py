@@ -102,6 +102,17 @@ def check_cancelled() -> None:
         raise Interrupted("cancelled by the page")
 
 
+def job_name(context: Any) -> str:
+    """A job thread's name: "remat-background" and the id of the first output it draws (what
+    a stack dump or a test tells jobs apart by)."""
+    outputs = context.get("outputs_list") if isinstance(context, dict) else None
+    while isinstance(outputs, list) and outputs:
+        outputs = outputs[0]
+    if isinstance(outputs, dict) and isinstance(outputs.get("id"), str):
+        return f"remat-background {outputs['id']}"
+    return "remat-background"
+
+
 class ThreadedDiskcacheManager(DiskcacheManager):
     """Dash's diskcache background manager, running each job in a thread of this process."""
 
@@ -127,7 +138,7 @@ class ThreadedDiskcacheManager(DiskcacheManager):
             finally:
                 _job_state.cancel = None
 
-        thread = threading.Thread(target=run, daemon=True, name="remat-background")
+        thread = threading.Thread(target=run, daemon=True, name=job_name(context))
         with self._lock:
             job = next(self._ids)
             self._jobs[job] = (thread, cancel)

@@ -12,7 +12,14 @@ from dash.exceptions import PreventUpdate
 
 import core
 from app import figures, ids
-from app.callbacks.common import block_graph, context_sig, fmt, plain_error, stamp
+from app.callbacks.common import (
+    block_graph,
+    context_sig,
+    fmt,
+    plain_error,
+    stale_on_switch,
+    stamp,
+)
 from app.explain import link_text
 from app.figures.axes import empty_figure
 from app.readback import percent, slider_minimum
@@ -124,6 +131,7 @@ def register(app: Dash, studio: Studio) -> None:
         Input(ids.CONTEXT, "data"),
         State(ids.BUDGET, "value"),
         background=True,
+        cancel=stale_on_switch(),
         interval=250,
         prevent_initial_call=True,
     )

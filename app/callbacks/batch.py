@@ -13,7 +13,7 @@ from dash.exceptions import PreventUpdate
 
 from app import ids
 from app.batch import BATCHES, batch_figure, batch_rows
-from app.callbacks.common import NOT_OURS, blank, plain_error, stamp
+from app.callbacks.common import NOT_OURS, blank, plain_error, stale_on_switch, stamp
 from app.callbacks.fit import device_words
 from app.figures.axes import empty_figure
 from app.state import METHOD_LABELS, Studio, after_the_page, base_key
@@ -28,7 +28,7 @@ def register(app: Dash, studio: Studio) -> None:
         Output(ids.BATCH_TEXT, "children"),
         Input(ids.PLAN, "data"),
         background=True,
-        cancel=[Input(ids.CANCEL, "n_clicks")],
+        cancel=stale_on_switch(),
         interval=250,
         prevent_initial_call=True,
     )

@@ -6,10 +6,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from dash import Input
 from dash.exceptions import PreventUpdate
 
 import core
-from app import figures
+from app import figures, ids
 from app.figures.axes import empty_figure
 from app.state import STEP_OPTIONS, Studio
 from core import block_title, fmt_bytes, op_name
@@ -17,6 +18,20 @@ from core import block_title, fmt_bytes, op_name
 log = logging.getLogger(__name__)
 
 HIDDEN, SHOWN = {"display": "none"}, {"display": "flex"}
+
+
+def stale_on_switch() -> list[Input]:
+    """A background chart's `cancel` inputs: the cancel button, and every control a new
+    analysis follows. A model switch then stops the charts of the model before (their solves
+    stop at `core.stop_when`'s next poll) instead of sharing the interpreter with the new
+    analysis until its first timeline replaces their input."""
+    return [
+        Input(ids.CANCEL, "n_clicks"),
+        Input(ids.MODEL, "value"),
+        Input(ids.COSTS, "value"),
+        Input(ids.DEVICE, "value"),
+        Input(ids.STEP_OPTS, "value"),
+    ]
 
 
 def plain_error(err: BaseException) -> str:

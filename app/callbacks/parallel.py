@@ -13,7 +13,7 @@ from dash import Dash, Input, Output, State, html
 from dash.exceptions import PreventUpdate
 
 from app import ids
-from app.callbacks.common import plain_error
+from app.callbacks.common import plain_error, stale_on_switch
 from app.figures.axes import empty_figure
 from app.figures.parallel import parallel_figure
 from app.state import PARALLEL_MAX_OPS, Studio
@@ -40,7 +40,7 @@ def register(app: Dash, studio: Studio) -> None:
         },
         inputs=[Input(ids.CONTEXT, "data"), Input(ids.DEVICES_N, "value")],
         background=True,
-        cancel=[Input(ids.CANCEL, "n_clicks")],
+        cancel=stale_on_switch(),
         interval=250,
         prevent_initial_call=True,
     )

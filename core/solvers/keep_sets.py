@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core.interrupt import stop_if_asked
 from core.simulator import Dag, Simulated, kept_bytes, simulated
 
 # Bytes are counted as what the forward keeps plus this fraction of the backward's peak
@@ -60,6 +61,7 @@ class KeepSetSearch:
 
     def option(self, keep: frozenset[int], transient: frozenset[int]) -> Simulated:
         if (keep, transient) not in self.seen:
+            stop_if_asked()  # a page that moved on stops the search here
             runs = self.recompute.runs(keep, transient)
             self.seen[(keep, transient)] = simulated(self.recompute.dag, runs)
         return self.seen[(keep, transient)]
