@@ -60,7 +60,7 @@ class Op:
     time: float = 0.0  # seconds, from the cost model
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity: facts are memoised per graph
 class Graph:
     trace: Trace
     ops: list[Op]

@@ -37,6 +37,7 @@ call that reads it copies it back first into a fresh device storage.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -89,14 +90,14 @@ class NativeProgram:
 
     def walk(self, graph: Graph) -> Walk:
         """The program walked from the step's placeholders: peak and time."""
-        _, initial, arriving = step_values(graph)
+        facts = graph_facts(graph)
         return walk(
             self.ops,
             self.program,
             self.backward_start,
             self.sizes,
-            initial,
-            arriving,
+            facts.initial,
+            facts.arriving,
             graph.final_values,
         )
 
@@ -130,28 +131,15 @@ def native_program(
     the host, their copies timed over `link` (untimed without one). `copied_back(call, v)`:
     the bytes of `v` a node call copies back (0: its node saved `v` unpacked), for hooks
     that copy each saved view on its own (torchtune's); default: `v`'s storage, once."""
-    nodes = graph.trace.nodes
-    op_of = {n: op.index for op in graph.ops for n in op.nodes}
-    inplace = in_place_ops(graph)
-    clones = frozenset(inplace.values())
-    forward_ops = sorted((*graph.forward_ops, *clones))
-    maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
-    for n in nodes:
-        if n.role == "op" and n.module is not None and op_of.get(n.index) not in clones:
-            maker.setdefault(n.seq_nr, n.index)
+    facts = graph_facts(graph)
+    op_of = facts.op_of
     depth = _depths(regions)
     region_of_node = {  # the innermost region running a node: its saved tensors are that one's
         n: r for r in sorted(range(len(regions)), key=depth.__getitem__) for n in regions[r].nodes
     }
-    existing = {
-        v.index
-        for v in graph.values
-        if v.producer is None or _forward(graph, v) or v.producer in clones
-    }
-    arriving = {v.index for v in graph.values if v.kind == "tangent"}
     parts = [
         _Region(
-            _ops_in(reg, graph, forward_ops),
+            _ops_in(reg, facts),
             reg.cached,
             reg.inputs,
             set(),
@@ -161,24 +149,20 @@ def native_program(
         )
         for reg in regions
     ]
-    calls = backward_calls(graph, clones)
     owner: dict[int, int] = {}  # backward op -> region of its node
     node_of: dict[int, int] = {}  # backward op -> the forward node that made its node
     saving: set[int] = set()  # forward nodes that made a node saving a tensor
     own: set[int] = set()  # ... saving one of its own op's results, not only its inputs
-    for call in calls:
-        made = maker.get(call.seq_nr) if not call.stale else None
+    for call, made, saves, saves_own in facts.makers:
         r = region_of_node.get(made) if made is not None else None
         if r is None or made is None:
             continue
-        results = set(graph.ops[op_of[made]].outputs) if made in op_of else set()
         for b in call.ops:
             owner[b], node_of[b] = r, made
-            read = [v for v in graph.ops[b].inputs if v in existing and v not in arriving]
-            if read:
-                saving.add(made)
-            if results.intersection(read):
-                own.add(made)
+        if saves:
+            saving.add(made)
+        if saves_own:
+            own.add(made)
     for b, made in node_of.items():
         if made in saving:
             part = parts[owner[b]]
@@ -195,8 +179,150 @@ def native_program(
     for part, reg in zip(parts, regions):
         if not reg.early_stop and part.stop >= 0:
             part.stop = max(part.ops)
-    builder = _Builder(graph, parts, owner, calls, dropped or {}, inplace, forward_ops)
+    builder = _Builder(graph, facts, parts, owner, dropped or {})
     return builder.build(_Offloads(offloaded, link, copied_back))
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What every native program of a graph needs of the graph alone, found once per graph
+    (`graph_facts`): the cut search builds thousands of programs of one graph. Op times are
+    checked against the graph's at each build (a graph is timed as it is analysed)."""
+
+    op_of: dict[int, int]  # traced node -> the graph op running it
+    inplace: dict[int, int]  # `in_place_ops`
+    clones: frozenset[int]  # the clones of `inplace`: ops the forward runs
+    forward_ops: tuple[int, ...]  # the forward's ops, clones included, in order
+    first_nodes: tuple[int, ...]  # the allocating node of each of `forward_ops`
+    calls: tuple[Call, ...]  # `backward_calls`, clones skipped
+    # each call, the forward node that made its node (None: stale, or no module's), whether
+    # the node saves a tensor, and whether one of its own op's results
+    makers: tuple[tuple[Call, int | None, bool, bool], ...]
+    first: dict[int, Call]  # a call's first op -> the call
+    backward_runs: tuple[int, ...]  # the backward's ops, clones skipped, in order
+    made: tuple[frozenset[int], ...]  # per call: what its ops make
+    formula_made: tuple[frozenset[int], ...]  # ... what its formula's ops make
+    into_grad: frozenset[int]  # `_into_grad`
+    casts: frozenset[int]  # `autocast_casts`
+    sizes: dict[int, int]  # `step_values`' sizes, an in-place result's 0 (copied per build)
+    aliases: tuple[tuple[int, int], ...]  # (input's storage, in-place result written into it)
+    initial: tuple[int, ...]  # `step_values`' initial values
+    arriving: tuple[int, ...]  # ... and arriving ones (the tangents)
+    tangent_readers: dict[int, tuple[int, ...]]  # tangent -> the backward runs reading it
+    forward_value: tuple[bool, ...]  # per graph value: made by the forward (or a placeholder)
+    producer: tuple[int | None, ...]  # per graph value: the op making it
+    ops: tuple[NativeOp, ...]  # the graph's ops as native ops, timed by `times`
+    times: list[float]
+    # the forward's ops run in order (no offloads): each one's position, and each value's
+    # release position after them (`_Builder._run`)
+    forward_at: dict[int, int]
+    forward_release: dict[int, int]
+
+
+_FACTS: weakref.WeakKeyDictionary[Graph, GraphFacts] = weakref.WeakKeyDictionary()
+
+
+def graph_facts(graph: Graph) -> GraphFacts:
+    """The graph's `GraphFacts`, memoised per graph (by identity; the memo goes with it)."""
+    facts = _FACTS.get(graph)
+    if facts is None:
+        facts = _FACTS[graph] = _facts(graph)
+    return facts
+
+
+def _facts(graph: Graph) -> GraphFacts:
+    """The graph's `GraphFacts`, from its ops, values and trace."""
+    nodes = graph.trace.nodes
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    inplace = in_place_ops(graph)
+    clones = frozenset(inplace.values())
+    forward_ops = tuple(sorted((*graph.forward_ops, *clones)))
+    maker: dict[int, int] = {}  # seq_nr -> the forward node that made that autograd node
+    for n in nodes:
+        if n.role == "op" and n.module is not None and op_of.get(n.index) not in clones:
+            maker.setdefault(n.seq_nr, n.index)
+    existing = {
+        v.index
+        for v in graph.values
+        if v.producer is None or _forward(graph, v) or v.producer in clones
+    }
+    arriving = {v.index for v in graph.values if v.kind == "tangent"}
+    calls = tuple(backward_calls(graph, clones))
+    makers = []
+    for call in calls:
+        made = maker.get(call.seq_nr) if not call.stale else None
+        results = (
+            set(graph.ops[op_of[made]].outputs) if made is not None and made in op_of else set()
+        )
+        saves = saves_own = False
+        for b in call.ops:
+            read = [v for v in graph.ops[b].inputs if v in existing and v not in arriving]
+            saves = saves or bool(read)
+            saves_own = saves_own or bool(results.intersection(read))
+        makers.append((call, made, saves, saves_own))
+    sizes, initial, tangents = step_values(graph)
+    aliases = []
+    for o in inplace:  # the result is written into its input's storage
+        base, result = graph.ops[o].inputs[0], graph.ops[o].outputs[0]
+        sizes[result] = 0
+        aliases.append((base, result))
+    backward_runs = tuple(b for b in graph.backward_ops if b not in clones)
+    readers: dict[int, list[int]] = {v: [] for v in tangents}
+    for b in backward_runs:
+        for v in graph.ops[b].inputs:
+            if v in readers:
+                readers[v].append(b)
+    release: dict[int, int] = {}
+    for pos, o in enumerate(forward_ops):
+        for v in graph.ops[o].inputs:
+            if v in release:
+                release[v] = pos
+        for v in graph.ops[o].outputs:
+            release[v] = pos
+    return GraphFacts(
+        op_of=op_of,
+        inplace=inplace,
+        clones=clones,
+        forward_ops=forward_ops,
+        first_nodes=tuple(graph.ops[o].nodes[0] for o in forward_ops),
+        calls=calls,
+        makers=tuple(makers),
+        first={call.ops[0]: call for call in calls},
+        backward_runs=backward_runs,
+        made=tuple(frozenset(v for b in c.ops for v in graph.ops[b].outputs) for c in calls),
+        formula_made=tuple(
+            frozenset(v for b in c.ops[: c.formula] for v in graph.ops[b].outputs) for c in calls
+        ),
+        into_grad=frozenset(_into_grad(graph, calls)),
+        casts=frozenset(autocast_casts(graph)),
+        sizes=sizes,
+        aliases=tuple(aliases),
+        initial=tuple(initial),
+        arriving=tuple(tangents),
+        tangent_readers={v: tuple(bs) for v, bs in readers.items()},
+        forward_value=tuple(v.producer is None or _forward(graph, v) for v in graph.values),
+        producer=tuple(v.producer for v in graph.values),
+        ops=tuple(NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops),
+        times=[op.time for op in graph.ops],
+        forward_at={o: pos for pos, o in enumerate(forward_ops)},
+        forward_release=release,
+    )
+
+
+def _into_grad(graph: Graph, calls: Sequence[Call]) -> set[int]:
+    """Backward ops of stale calls summing into a parameter's `.grad`: those making a
+    parameter gradient, or a sum only such ops read (a parameter used three times)."""
+    stale = {b for call in calls if call.stale for b in call.ops}
+    out: set[int] = set()
+    for b in reversed(graph.backward_ops):
+        if b not in stale:
+            continue
+        values = [graph.values[v] for v in graph.ops[b].outputs]
+        if values and all(
+            v.kind == "gradient" or (v.consumers and set(v.consumers) <= out) for v in values
+        ):
+            out.add(b)
+    return out
 
 
 def _depths(regions: Sequence[Checkpointed]) -> list[int]:
@@ -289,10 +415,11 @@ def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
     return graph.ops[value.producer].phase == "forward"
 
 
-def _ops_in(region: Checkpointed, graph: Graph, forward_ops: list[int]) -> list[int]:
+def _ops_in(region: Checkpointed, facts: GraphFacts) -> list[int]:
     """The graph ops the region runs: those whose allocating node is the module's (a view
     the module takes of an outer value allocates nothing, and is not recomputed)."""
-    return [o for o in forward_ops if graph.ops[o].nodes[0] in region.nodes]
+    nodes = region.nodes
+    return [o for o, n in zip(facts.forward_ops, facts.first_nodes) if n in nodes]
 
 
 @dataclass(frozen=True)
@@ -315,56 +442,69 @@ class _Builder:
     def __init__(
         self,
         graph: Graph,
+        facts: GraphFacts,
         parts: list[_Region],
         owner: dict[int, int],
-        calls: list[Call],
         dropped: dict[int, int],
-        inplace: dict[int, int],
-        forward_ops: list[int],
     ) -> None:
-        self.graph, self.parts, self.owner, self.dropped = graph, parts, owner, dropped
-        self.calls, self.inplace, self.forward_ops = calls, inplace, forward_ops
-        self.aliases: list[tuple[int, int]] = []  # (storage's value, in-place result on it)
-        self.ops: list[NativeOp] = [
-            NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops
-        ]
-        self.sizes, _, _ = step_values(graph)
-        for o in inplace:  # the result is written into its input's storage
-            base, result = graph.ops[o].inputs[0], graph.ops[o].outputs[0]
-            self.sizes[result] = 0
-            self.aliases.append((base, result))
+        self.graph, self.facts, self.parts, self.owner = graph, facts, parts, owner
+        self.dropped, self.calls, self.inplace = dropped, facts.calls, facts.inplace
+        # (storage's value, in-place result on it)
+        self.aliases: list[tuple[int, int]] = list(facts.aliases)
+        times = [op.time for op in graph.ops]
+        self.ops: list[NativeOp] = (
+            list(facts.ops)
+            if times == facts.times  # (a graph's op times are set as it is analysed)
+            else [NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops]
+        )
+        self.sizes = dict(facts.sizes)
+        self.next_value = max(self.sizes) + 1  # the number a new value (a copy) takes
         self.runs: list[int] = []  # native op per position
         self.release: dict[int, int] = {}  # value -> position after which it is freed
         self.recomputed = 0
         self.recompute_time = 0.0
         self.at: dict[int, int] = {}  # backward op -> its position
-        self.casts = autocast_casts(graph)
+        self.casts = facts.casts
 
     def _run(self, o: int) -> None:
+        op = self.ops[o]
+        self._ran(o, op.inputs, op.outputs)
+
+    def _ran(self, o: int, inputs: tuple[int, ...], outputs: tuple[int, ...]) -> int:
+        """Native op `o`, reading `inputs` and making `outputs`, runs next: its position,
+        where its outputs are released unless held, and its inputs at the latest."""
         pos = len(self.runs)
         self.runs.append(o)
-        op = self.ops[o]
-        for v in op.inputs:
-            if v in self.release:
-                self.release[v] = max(self.release[v], pos)
-        for v in op.outputs:
-            self.release[v] = pos
+        release = self.release
+        for v in inputs:
+            held = release.get(v)
+            if held is not None and held < pos:
+                release[v] = pos
+        for v in outputs:
+            release[v] = pos
+        return pos
 
     def _hold(self, v: int, pos: int) -> None:
         """`v` is held (by a frame or a cache) until after position `pos`."""
-        if v in self.release:
-            self.release[v] = max(self.release[v], pos)
+        held = self.release.get(v)
+        if held is not None and held < pos:
+            self.release[v] = pos
 
     def build(self, offloads: _Offloads) -> NativeProgram:
-        graph, parts = self.graph, self.parts
-        at: dict[int, int] = {}
-        for o in self.forward_ops:
-            at[o] = len(self.runs)
-            self._run(o)
-            for v in graph.ops[o].outputs:
-                if v in offloads.values:  # packed: copied to the host, autograd holds that
-                    self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
-        first = {call.ops[0]: call for call in self.calls}
+        graph, parts, facts = self.graph, self.parts, self.facts
+        at: dict[int, int] = {}  # forward op -> its position
+        if offloads.values:
+            for o in facts.forward_ops:
+                at[o] = len(self.runs)
+                self._run(o)
+                for v in graph.ops[o].outputs:
+                    if v in offloads.values:  # packed: copied to the host, autograd holds that
+                        self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
+        else:  # the forward's ops alone, run as `_run` does: the same for every program
+            at = facts.forward_at
+            self.runs = list(facts.forward_ops)
+            self.release = dict(facts.forward_release)
+        first = facts.first
         n_forward = len(self.runs)
         for o in self.casts:  # autocast's cache holds them until the forward's autocast exits
             for v in graph.ops[o].outputs:
@@ -372,7 +512,6 @@ class _Builder:
         for v, o in self.dropped.items():
             if o in at:
                 self._hold(v, at[o])
-        region_of_op = {o: r for r, p in enumerate(parts) for o in p.ops}
         last = {r: max(p.saving) for r, p in enumerate(parts) if p.saving}
         copies: dict[int, dict[int, int]] = {}
         death: dict[int, int] = {}  # region -> position after which its frame is gone
@@ -380,11 +519,9 @@ class _Builder:
             if not p.saving:  # nothing saved: the frame dies when the forward leaves it
                 death[r] = max((at[o] for o in p.ops), default=-1)
         unpacked: dict[int, int] = {}  # offloaded value -> its copy back in this call
-        clones = set(self.inplace.values())
-        for b in graph.backward_ops:
-            if b in clones:
-                continue
-            reg = self.owner.get(b)
+        owner, ops, positions = self.owner, self.ops, self.at
+        for b in facts.backward_runs:
+            reg = owner.get(b)
             if reg is not None and reg not in copies and b in parts[reg].saving:
                 # its inputs are unpacked from its parent first, which recomputes that one
                 for r in self._lineage(reg):
@@ -393,22 +530,23 @@ class _Builder:
             if b in first:
                 unpacked = self._unpack(first[b], offloads)
             op = graph.ops[b]
+            inputs = op.inputs
             if reg is not None and reg in copies:
-                inputs = tuple(copies[reg].get(v, v) for v in op.inputs)
-                self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
+                copy = copies[reg]
+                inputs = tuple(copy.get(v, v) for v in op.inputs)
+                ops[b] = NativeOp(inputs, op.outputs, op.time, b)
             elif unpacked:
                 inputs = tuple(unpacked.get(v, v) for v in op.inputs)
-                self.ops[b] = NativeOp(inputs, op.outputs, op.time, b)
-            self._run(b)
-            self.at[b] = len(self.runs) - 1
+                ops[b] = NativeOp(inputs, op.outputs, op.time, b)
+            pos = positions[b] = self._ran(b, inputs, op.outputs)
             if reg is not None and last.get(reg) == b:
-                death[reg] = len(self.runs) - 1
+                death[reg] = pos
         for r in sorted(range(len(parts)), key=lambda r: -len(self._lineage(r))):
             parent = parts[r].parent  # a nested region's frame holds its parent's (its inputs)
             if parent is not None:
                 death[parent] = max(death[parent], death[r])
         for r, p in enumerate(parts):
-            self._frame_holds(r, p, region_of_op, death[r])
+            self._frame_holds(p, death[r])
         self._node_holds()
         for base, result in self.aliases:  # one storage: it lives while either does
             self._hold(base, self.release[result])
@@ -429,8 +567,10 @@ class _Builder:
     def _unpack(self, call: Call, offloads: _Offloads) -> dict[int, int]:
         """At the start of `call`, each offloaded value its ops read is copied back to a
         fresh device storage (one per call: the hooks share it while it lives)."""
-        graph = self.graph
         out: dict[int, int] = {}
+        if not offloads.values:
+            return out
+        graph = self.graph
         for b in call.ops:
             for v in graph.ops[b].inputs:
                 if v in offloads.values and v not in out:
@@ -455,50 +595,34 @@ class _Builder:
         that node read or made until it ends; the buffer's old sum goes as it is replaced.
         A parameter's gradient summed into its `.grad` is AccumulateGrad's own call: it
         holds nothing past the sum."""
-        handed: set[int] = set()  # what the last node's call read or made
-        into_grad = self._into_grad()
-        for call in self.calls:
-            made = {v for b in call.ops for v in self.ops[b].outputs}
-            if not call.stale:
-                handed = made | {v for b in call.ops for v in self.ops[b].inputs}
-            end = self.at[call.ops[-1]]
-            formula_end = self.at[call.ops[call.formula - 1]]
-            formula_made = {v for b in call.ops[: call.formula] for v in self.ops[b].outputs}
+        facts = self.facts
+        handed: set[int] | frozenset[int] = set()  # what the last node's call read or made
+        into_grad, owner, ops, at = facts.into_grad, self.owner, self.ops, self.at
+        forward_value, n_values = facts.forward_value, len(facts.forward_value)
+        release = self.release
+        for call, made, formula_made in zip(self.calls, facts.made, facts.formula_made):
+            stale = call.stale
+            if not stale:
+                handed = made.union(*(ops[b].inputs for b in call.ops))
+            end = at[call.ops[-1]]
+            formula_end = at[call.ops[call.formula - 1]]
             for k, b in enumerate(call.ops):
-                if call.stale and b in into_grad:
+                if stale and b in into_grad:
                     continue
-                region = b in self.owner
-                for v in self.ops[b].inputs:
-                    if v in formula_made and k < call.formula:
-                        self._hold(v, formula_end)
+                region = b in owner
+                in_formula = k < call.formula
+                for v in ops[b].inputs:
+                    if in_formula and v in formula_made:
+                        pos = formula_end
+                    elif v in made or (stale and v not in handed):
                         continue
-                    if v in made or (call.stale and v not in handed):
-                        continue
-                    local = v >= len(self.graph.values) or (region and self._forward_value(v))
-                    self._hold(v, formula_end if local else end)
-
-    def _into_grad(self) -> set[int]:
-        """Backward ops of stale calls summing into a parameter's `.grad`: those making a
-        parameter gradient, or a sum only such ops read (a parameter used three times)."""
-        graph = self.graph
-        stale = {b for call in self.calls if call.stale for b in call.ops}
-        out: set[int] = set()
-        for b in reversed(graph.backward_ops):
-            if b not in stale:
-                continue
-            values = [graph.values[v] for v in graph.ops[b].outputs]
-            if values and all(
-                v.kind == "gradient" or (v.consumers and set(v.consumers) <= out) for v in values
-            ):
-                out.add(b)
-        return out
-
-    def _forward_value(self, v: int) -> bool:
-        """A value the forward (or a recompute) made: a saved tensor, not a gradient."""
-        if v >= len(self.graph.values):
-            return True  # a recomputed copy
-        value = self.graph.values[v]
-        return value.producer is None or _forward(self.graph, value)
+                    elif v >= n_values or (region and forward_value[v]):
+                        pos = formula_end
+                    else:
+                        pos = end
+                    held = release.get(v)
+                    if held is not None and held < pos:
+                        release[v] = pos
 
     def _recompute(self, r: int) -> dict[int, int]:
         """Re-run region `r`'s forward up to its last saving op; returns value -> copy."""
@@ -514,7 +638,6 @@ class _Builder:
                 made += graph.ops[o].outputs
                 continue
             made += graph.ops[o].outputs
-            at[o] = len(self.runs)
             op = graph.ops[o]
             outputs = []
             for v in op.outputs:
@@ -524,7 +647,7 @@ class _Builder:
             if o in self.inplace:
                 self.aliases.append((inputs[0], outputs[0]))
             self.ops.append(NativeOp(inputs, tuple(outputs), op.time, o))
-            self._run(len(self.ops) - 1)
+            at[o] = self._ran(len(self.ops) - 1, inputs, tuple(outputs))
             self.recomputed += 1
             self.recompute_time += op.time
         end = len(self.runs) - 1  # the recompute stops: Python drops what it still holds
@@ -538,41 +661,37 @@ class _Builder:
         return copy
 
     def _new_value(self, v: int) -> int:
-        new = max(self.sizes) + 1
+        new = self.next_value
+        self.next_value += 1
         self.sizes[new] = self.sizes.get(v, 0)
         return new
 
-    def _frame_holds(self, r: int, part: _Region, region_of_op: dict[int, int], end: int) -> None:
-        """Region `r`'s frame holds the values its module was called with and the outer
+    def _frame_holds(self, part: _Region, end: int) -> None:
+        """A region's frame holds the values its module was called with and the outer
         values its ops read, and its cache the results of cached ops the recompute never
         reached, until the frame dies (after position `end`)."""
-        graph = self.graph
+        graph, producer = self.graph, self.facts.producer
         mine = set(part.ops)
         for v in part.inputs:
             self._hold(v, end)
         for o in part.ops:
             for v in graph.ops[o].inputs:
-                producer = graph.values[v].producer
-                if producer is not None and producer not in mine:
+                made_by = producer[v]
+                if made_by is not None and made_by not in mine:
                     self._hold(v, end)
             if o in part.cached and o > part.stop:
                 for v in graph.ops[o].outputs:
                     self._hold(v, end)
 
     def _program(self, n_forward: int) -> NativeProgram:
-        graph = self.graph
-        final = graph.final_values
+        final = self.graph.final_values
         frees: dict[int, list[int]] = {}
         for v, pos in self.release.items():
             if v not in final:
                 frees.setdefault(pos, []).append(v)
-        tangents = [v.index for v in graph.values if v.kind == "tangent"]
-        reads = {v: n_forward for v in tangents}
-        for pos in range(n_forward, len(self.runs)):
-            for v in self.ops[self.runs[pos]].inputs:
-                if v in reads:
-                    reads[v] = pos
-        for v, pos in reads.items():
+        # a tangent goes after its last read: only the graph's backward ops read one
+        for v, readers in self.facts.tangent_readers.items():
+            pos = max((self.at[b] for b in readers), default=n_forward)
             frees.setdefault(pos, []).append(v)
         program: list[Instruction] = []
         start = 0
@@ -580,7 +699,10 @@ class _Builder:
             if pos == n_forward:
                 start = len(program)
             program.append((RUN, o))
-            program += [(FREE, v) for v in sorted(frees.get(pos, ()))]
+            freed = frees.get(pos)
+            if freed:
+                freed.sort()
+                program.extend([(FREE, v) for v in freed])
         return NativeProgram(
             tuple(self.ops),
             tuple(program),

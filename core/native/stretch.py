@@ -18,14 +18,14 @@ unpack, and holds what it made until used). Cuts at several weights are simulate
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from core.native.boundaries import Boundaries, Boundary, boundaries
-from core.native.simulate import in_place_ops
-from core.problem import Problem
+from core.native.simulate import graph_facts
+from core.problem import Problem, per_problem
 
 # cut weights tried inside blocks: 0, then this many quantiles of the weights seen (8: the
 # native minimum of gpt-tiny 37.0% of store-all, 4: 38.6%; mixer-tiny, unet-tiny the same)
@@ -141,6 +141,11 @@ class Cutting:
     recomputed: frozenset[int]
     taken: tuple[tuple[int, int], ...]
     op_of: dict[int, int]
+    # what `cover` found of each stretch it priced, as a search prices covers differing in
+    # a cut or two: (start, end) -> the graph ops of the stretch, None where it cannot be
+    # one; (start, end, end of the stretch nested in it or None) -> the stretch
+    pieces: dict[tuple[int, int], frozenset[int] | None] = field(default_factory=dict, repr=False)
+    made: dict[tuple[int, int, int | None], Stretch] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def of(
@@ -223,16 +228,7 @@ class Cutting:
         stretch nested in the one around each place of `nests` that is no cut, from that
         one's beginning to there."""
         return _cover(
-            self.problem,
-            self.bnd,
-            sorted(cuts),
-            list(self.spans if spans is None else spans),
-            self.first_at,
-            set(self.kept),
-            set(self.recomputed),
-            list(self.taken),
-            self.op_of,
-            nests - set(cuts),
+            self, sorted(cuts), list(self.spans if spans is None else spans), nests - set(cuts)
         )
 
 
@@ -281,37 +277,28 @@ def _cut_weights(
 
 
 def _cover(
-    problem: Problem,
-    bnd: Boundaries,
+    cutting: Cutting,
     cuts: list[int],
     spans: list[tuple[int, int | None, int | None]],
-    first_at: dict[int, Boundary],
-    kept: set[int],
-    recomputed: set[int],
-    taken: list[tuple[int, int]],
-    op_of: dict[int, int],
     nests: frozenset[int] = frozenset(),
 ) -> Cover:
     """The stretches between consecutive `cuts` that hold an op the plan recomputes, lie in
     a block's span and write nothing made before them (a replay would write it again); in
     each, from its beginning to each place of `nests` inside it, a nested stretch (one
     holding an op the plan recomputes), each inside the next longer one."""
-    graph = problem.graph
+    problem, bnd, op_of = cutting.problem, cutting.bnd, cutting.op_of
+    recomputed = cutting.recomputed
     covered: set[int] = set()
     out: list[Stretch] = []
-    inplace = in_place_ops(graph)
     for s, e in zip(cuts, cuts[1:], strict=False):
         if not any(
             st is not None and en is not None and st <= s and e <= en for _, st, en in spans
         ):
             continue
-        if any(s < ts < e or s < te < e or (ts <= s and e <= te) for ts, te in taken):
-            continue
-        if any(s <= p < e for p in bnd.unmatched):
-            continue  # eager ran an op of it otherwise than traced: its policy would refuse
-        stretch_nodes = bnd.nodes[s:e]
-        ops = {op_of[n] for n in stretch_nodes if n in op_of}
-        if not ops & recomputed or _writes_outside(problem, stretch_nodes, inplace, op_of):
+        if (s, e) not in cutting.pieces:
+            cutting.pieces[s, e] = _piece(cutting, s, e)
+        ops = cutting.pieces[s, e]
+        if ops is None:
             continue
         ends = [e] + [
             m
@@ -320,11 +307,20 @@ def _cover(
         ]
         parent: int | None = None
         for k, m in enumerate(ends):
-            inner = bnd.nodes[s : ends[k + 1]] if k + 1 < len(ends) else ()
-            out.append(
-                _stretch(problem, first_at[s], first_at[m], bnd.nodes[s:m], kept, op_of, inner)
-            )
-            out[-1] = replace(out[-1], parent=parent)
+            inner_end = ends[k + 1] if k + 1 < len(ends) else None
+            made = cutting.made.get((s, m, inner_end))
+            if made is None:
+                inner = bnd.nodes[s:inner_end] if inner_end is not None else ()
+                made = cutting.made[s, m, inner_end] = _stretch(
+                    problem,
+                    cutting.first_at[s],
+                    cutting.first_at[m],
+                    bnd.nodes[s:m],
+                    cutting.kept,
+                    op_of,
+                    inner,
+                )
+            out.append(made if parent is None else replace(made, parent=parent))
             parent = len(out) - 1
         covered |= ops
     whole = tuple(
@@ -334,6 +330,25 @@ def _cover(
         and not set(problem.blocks[b].forward_ops) & covered
     )
     return Cover(tuple(out), whole, frozenset(cuts), nests)
+
+
+def _piece(cutting: Cutting, s: int, e: int) -> frozenset[int] | None:
+    """The graph ops of the stretch from place `s` to `e`, or None where it overlaps a
+    submodule region, holds an op eager ran otherwise than traced (its policy would
+    refuse), recomputes nothing, or writes outside itself (`_writes_outside`)."""
+    bnd, op_of = cutting.bnd, cutting.op_of
+    if any(s < ts < e or s < te < e or (ts <= s and e <= te) for ts, te in cutting.taken):
+        return None
+    if any(s <= p < e for p in bnd.unmatched):
+        return None
+    stretch_nodes = bnd.nodes[s:e]
+    ops = frozenset(op_of[n] for n in stretch_nodes if n in op_of)
+    inplace = graph_facts(cutting.problem.graph).inplace
+    if not ops & cutting.recomputed or _writes_outside(
+        cutting.problem, stretch_nodes, inplace, op_of
+    ):
+        return None
+    return ops
 
 
 def _writes_outside(
@@ -359,7 +374,7 @@ def _stretch(
     start: Boundary,
     end: Boundary,
     stretch: tuple[int, ...],
-    kept: set[int],
+    kept: set[int] | frozenset[int],
     op_of: dict[int, int],
     inner: Sequence[int] = (),
 ) -> Stretch:
@@ -376,10 +391,11 @@ def _stretch(
     mine = set(stretch)
     region_ops = [o for o in sorted(set(op_of[n] for n in stretch if n in op_of))]
     region_ops = [o for o in region_ops if graph.ops[o].nodes[0] in mine]
+    in_region = set(region_ops)
     drops: dict[int, int] = {}
     for o in region_ops:
         for v in graph.ops[o].outputs:
-            readers = [c for c in graph.values[v].consumers if c in set(region_ops)]
+            readers = [c for c in graph.values[v].consumers if c in in_region]
             drops[v] = max(readers, default=o)
     return Stretch(
         start,
@@ -396,7 +412,7 @@ def _stretch(
 def save_mask(
     problem: Problem,
     nodes: Sequence[int],
-    kept: set[int],
+    kept: set[int] | frozenset[int],
     op_of: dict[int, int],
     unsaved: frozenset[int] = frozenset(),
 ) -> tuple[list[int], tuple[bool, ...]]:
@@ -405,9 +421,8 @@ def save_mask(
     op only when every later random op of the region is saved too, so a recompute draws as
     the forward did."""
     graph = problem.graph
-    trace_nodes = graph.trace.nodes
-    order = [n for n in nodes if isinstance(trace_nodes[n].target, torch._ops.OpOverload)]
-    order = [n for n in order if trace_nodes[n].target not in SAC_IGNORED_OPS]
+    policy = _policy_nodes(problem)
+    order = [n for n in nodes if n in policy]
     ops_in = sorted({op_of[n] for n in order if n in op_of})
     saved = {o for o in ops_in if kept.intersection(graph.ops[o].outputs) and o not in unsaved}
     later_recomputed = False
@@ -417,3 +432,14 @@ def save_mask(
                 saved.discard(o)
             later_recomputed = later_recomputed or o not in saved
     return order, tuple(op_of.get(n) in saved for n in order)
+
+
+@per_problem
+def _policy_nodes(problem: Problem) -> frozenset[int]:
+    """The traced nodes a selective policy sees: ATen ops other than checkpoint's ignored
+    ones (found once per problem: every stretch of every cover asks)."""
+    return frozenset(
+        i
+        for i, n in enumerate(problem.graph.trace.nodes)
+        if isinstance(n.target, torch._ops.OpOverload) and n.target not in SAC_IGNORED_OPS
+    )
