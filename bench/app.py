@@ -7,7 +7,8 @@ a before/after table an older checkout, e.g. one made with `git worktree add`):
   redrawn for the new budget (its figure's meta on an animation frame), and to the page
   un-dimmed (the watcher's `data-busy` off, the numbers drawn for the new budget: every view
   in sight drawn for it; views far below the fold are drawn as they come near), on each of
-  `models`;
+  `models`, each press one step down to a budget the page has not drawn (its plan and views
+  made anew, none from a cache);
 - a model switch to the first timeline drawn for the new model, and to the page un-dimmed.
 
 With two roots, the moves and switches alternate between the two pages (one browser, two
@@ -185,12 +186,10 @@ def bench_app(
                 page.locator("#budget [role=slider]").focus()
             for v in pages:
                 out["slider"][v][model] = []
-            for i in range(moves):
-                key = "ArrowLeft" if i % 4 < 2 else "ArrowRight"
+            for i in range(moves):  # each press a budget not drawn before: nothing cached
                 for v, page in pages.items():
-                    target = slider_value(page) + (-0.5 if key == "ArrowLeft" else 0.5)
-                    page.evaluate(MOVE_JS, target)
-                    page.keyboard.press(key)
+                    page.evaluate(MOVE_JS, slider_value(page) - 0.5)
+                    page.keyboard.press("ArrowLeft")
                     got = page.evaluate("() => window.__move")
                     out["slider"][v][model].append(
                         (round(got["timeline"], 1), round(got["undimmed"], 1))
