@@ -193,7 +193,7 @@ class GraphFacts:
     inplace: dict[int, int]  # `in_place_ops`
     clones: frozenset[int]  # the clones of `inplace`: ops the forward runs
     forward_ops: tuple[int, ...]  # the forward's ops, clones included, in order
-    first_nodes: tuple[int, ...]  # the allocating node of each of `forward_ops`
+    starting: dict[int, tuple[int, ...]]  # node -> the ops of `forward_ops` it allocates in
     calls: tuple[Call, ...]  # `backward_calls`, clones skipped
     # each call, the forward node that made its node (None: stale, or no module's), whether
     # the node saves a tensor, and whether one of its own op's results
@@ -272,6 +272,9 @@ def _facts(graph: Graph) -> GraphFacts:
         for v in graph.ops[b].inputs:
             if v in readers:
                 readers[v].append(b)
+    starting: dict[int, tuple[int, ...]] = {}
+    for o in forward_ops:
+        starting[graph.ops[o].nodes[0]] = (*starting.get(graph.ops[o].nodes[0], ()), o)
     release: dict[int, int] = {}
     for pos, o in enumerate(forward_ops):
         for v in graph.ops[o].inputs:
@@ -284,7 +287,7 @@ def _facts(graph: Graph) -> GraphFacts:
         inplace=inplace,
         clones=clones,
         forward_ops=forward_ops,
-        first_nodes=tuple(graph.ops[o].nodes[0] for o in forward_ops),
+        starting=starting,
         calls=calls,
         makers=tuple(makers),
         first={call.ops[0]: call for call in calls},
@@ -418,8 +421,8 @@ def _forward(graph: Graph, value) -> bool:  # noqa: ANN001 - a core.graph.Value
 def _ops_in(region: Checkpointed, facts: GraphFacts) -> list[int]:
     """The graph ops the region runs: those whose allocating node is the module's (a view
     the module takes of an outer value allocates nothing, and is not recomputed)."""
-    nodes = region.nodes
-    return [o for o, n in zip(facts.forward_ops, facts.first_nodes) if n in nodes]
+    starting = facts.starting
+    return sorted(o for n in region.nodes if n in starting for o in starting[n])
 
 
 @dataclass(frozen=True)
