@@ -16,7 +16,7 @@ from core import costs as cost_models
 from core.allocator import Allocator, round_values
 from core.allocator import for_device_type as allocator_for
 from core.blocks import Block, constant_ops, find_blocks
-from core.errors import UnsupportedModel, fmt_bytes
+from core.errors import RematError, UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
 from core.optimizer_step import OptimizerStep
@@ -84,6 +84,21 @@ class Problem:
     def allocator(self) -> Allocator:
         """The device's allocator, whose rounding every byte figure includes (core.allocator)."""
         return allocator_for(self.device_model.type)
+
+    def live_model(self, needed_for: str) -> nn.Module | None:
+        """The model analysed, for what runs it again (`needed_for`, in words); None for a
+        problem made without one. A RematError when it has been garbage collected: planning
+        on without it would silently plan as if it had no modules."""
+        if self.model_ref is None:
+            return None
+        model = self.model_ref()
+        if model is None:
+            raise RematError(
+                f"the model analysed as {self.name!r} is gone (nothing refers to it any more), "
+                f"and {needed_for} runs it: keep a reference to the model while planning "
+                "(model = MyModel(); problem = core.analyze(model, ...))"
+            )
+        return model
 
     @cached_property
     def constant_ops(self) -> tuple[int, ...]:
