@@ -442,6 +442,9 @@ def _show(args: argparse.Namespace, rest: list[str]) -> int:
         f"{[list(shape) for shape, _, _ in meta.inputs]}, "
         + (f"{meta.costs.model} costs" if meta.costs else "costs not recorded (version 1)")
     )
+    native = [n for n in plan.notes if n.startswith("native execution:")]
+    if plan.method == "native" and native:  # what runtime="native" runs, not the program
+        print(f"  {native[0]}")
     if args.verbose:
         for note in plan.notes:
             print(f"  note: {note}")

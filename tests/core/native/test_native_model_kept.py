@@ -24,7 +24,7 @@ def test_a_native_solve_whose_model_is_gone_says_to_keep_it():
         core.solve(problem, 0.7, method="native")
 
 
-def test_remat_plan_native_prints_the_native_step(tmp_path, capsys):
+def test_remat_plan_and_show_print_the_native_step(tmp_path, capsys):
     assert main(["plan", "mlp-batch", "--budget", "70%", "--method", "native",
                  "-o", str(tmp_path / "plan.remat")]) == 0  # fmt: skip
     said = capsys.readouterr().out
@@ -34,3 +34,6 @@ def test_remat_plan_native_prints_the_native_step(tmp_path, capsys):
     assert native.prediction.peak < plan.problem.store_all_peak
     assert f"predicted peak (runtime='native') {core.fmt_bytes(native.prediction.peak)}" in said
     assert f"{native.recomputed_ops} recomputed ops" in said
+    assert main(["show", str(tmp_path / "plan.remat")]) == 0  # the file says it too
+    shown = capsys.readouterr().out
+    assert f"native execution: predicted peak {core.fmt_bytes(native.prediction.peak)}" in shown
