@@ -32,7 +32,10 @@ def solve(problem: Problem, budget: int) -> Plan:
     checkpoint_blocks' plan and Rockmate's plans at budgets from `budget` and from store-all's
     peak down to its minimum;
     InfeasibleBudget when none fits, with the least native peak of the second search (the
-    same for every budget, so asking for it finds a plan)."""
+    same for every budget, so asking for it finds a plan). A RematError when the problem's
+    model is gone: every plan is lowered on it (its module boundaries, its Python lifetimes),
+    and without it each would be priced as if the model had no modules."""
+    problem.live_model("the native method (each plan is lowered on the model)")
     try:
         floor = rockmate(problem, 1).predicted_peak
     except InfeasibleBudget as e:

@@ -3,6 +3,8 @@ method: asking again at the minimum the error gave returns a plan within it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 import core
@@ -21,9 +23,9 @@ FRACTIONS = (0.05, 0.3, 0.3117, 0.45, 0.55, 0.6)
 
 
 @pytest.fixture(scope="module")
-def problem() -> core.Problem:
+def problem() -> Iterator[core.Problem]:
     model, inputs = mha.build()
-    return core.analyze(model, inputs)
+    yield core.analyze(model, inputs)  # the model kept: the native method lowers on it
 
 
 @pytest.mark.parametrize("method", METHODS)
