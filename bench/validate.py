@@ -41,6 +41,7 @@ from core import (
     NativeStep,
     Plan,
     Problem,
+    SavedPlan,
     StorageTracker,
     native_handle,
     step_tensors,
@@ -157,6 +158,7 @@ class Result:
     precision: str
     strategy: str
     runtime: str
+    traced: str = "here"  # "here": on the device measured; "cpu": on the CPU for it (a laptop)
     predicted: int | None = None  # bytes
     measured: int | None = None  # bytes beyond the step's starting allocation
     bound: int | None = None  # the allocator's lower bound (512 B rounding), bytes
@@ -261,7 +263,7 @@ def grads_against(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) 
     return f"max |diff| {worst:.1e}"
 
 
-def allocator_bound(problem: Problem, plan: Plan) -> int:
+def allocator_bound(problem: Problem, plan: Plan | SavedPlan) -> int:
     """The plan's peak with every storage rounded as the CUDA caching allocator rounds it
     (`core.allocator`), plus the rounded seed: the least `max_memory_allocated` can rise by
     on CUDA for this program."""
@@ -307,14 +309,14 @@ def _autocast(device: torch.device, precision: str) -> Callable[[], AbstractCont
     return lambda: torch.autocast(device.type, torch.bfloat16)
 
 
-def _planned(case: ZooCase, plan: Plan, runtime: str) -> tuple[nn.Module, int]:
+def _planned(case: ZooCase, plan: Plan | SavedPlan, runtime: str) -> tuple[nn.Module, int]:
     """The planned module of `runtime` and the peak it predicts."""
+    peak = plan.predicted_peak if isinstance(plan, Plan) else plan.prediction.peak
     if runtime == "interpreter":
-        return core.apply_plan(case.model, plan, loss_fn=case.loss_fn), plan.predicted_peak
+        return core.apply_plan(case.model, plan, loss_fn=case.loss_fn), peak
     run = core.apply_plan(case.model, plan, runtime="native", loss_fn=case.loss_fn)
     handle = _handle(run)
-    predicted = handle.prediction.peak if handle is not None else plan.predicted_peak
-    return run, predicted
+    return run, handle.prediction.peak if handle is not None else peak
 
 
 def _handle(run: nn.Module) -> NativeHandle | None:
@@ -368,8 +370,80 @@ def validate_model(
                     row.note = plan
                     continue
                 _measure(row, bench, plain, eager, ref, problem, plan, reps)
-                log(f"  {strategy} {runtime}: {row.note or row.grads}")
+                log(f"  {_line(row)}")
+        if device.type == "cuda":
+            rows += _planned_on_cpu(spec, precision, bench, plain, eager, ref, preset, reps, log)
     return rows
+
+
+def _planned_on_cpu(
+    spec: ModelSpec,
+    precision: str,
+    bench: _Bench,
+    plain: _Bench,
+    eager: _Step,
+    ref: dict[str, torch.Tensor],
+    preset: str,
+    reps: int,
+    log: Callable[[str], None],
+) -> list[Result]:
+    """The rows of plans made as a laptop makes them: the model on the CPU, traced for the
+    GPU's preset (`core.analyze(..., device=preset)`: its attention kernels, its dropout, its
+    autocast, the allocator's rounding), each plan saved, loaded and run on the GPU. The
+    prediction is the CPU-traced plan's (native rows: `core.lower` of it)."""
+    rows: list[Result] = []
+    cpu = torch.device("cpu")
+    try:
+        case = spec.build(cpu)
+        case.model.load_state_dict({k: v.to(cpu) for k, v in bench.start.items()})
+        with _autocast(bench.device, precision)():
+            problem = core.analyze(
+                case.model,
+                case.args,
+                case.kwargs,
+                loss_fn=case.loss_fn,
+                targets=case.targets,
+                device=preset,
+                name=spec.name,
+            )
+    except Exception as e:
+        note = f"not analysed on the CPU for {preset}: {_refusal(e)}"
+        return [
+            Result(spec.name, precision, s, r, traced="cpu", note=note)
+            for s in STRATEGIES
+            for r in RUNTIMES
+        ]
+    log(f"{spec.name} {precision}: analysed on the CPU for {preset}, {len(problem.graph.ops)} ops")
+    for strategy, plan in _plans(problem).items():
+        for runtime in RUNTIMES:
+            row = Result(spec.name, precision, strategy, runtime, traced="cpu")
+            rows.append(row)
+            if isinstance(plan, str):
+                row.note = plan
+                continue
+            try:
+                loaded = SavedPlan.from_data(plan.to_data())
+                predicted = (
+                    plan.predicted_peak
+                    if runtime == "interpreter"
+                    else core.lower(plan).prediction.peak
+                )
+            except Exception as e:
+                row.note = f"not saved and loaded: {_refusal(e)}"
+                continue
+            _measure(row, bench, plain, eager, ref, problem, loaded, reps, predicted)
+            log(f"  {_line(row)}")
+    return rows
+
+
+def _line(r: Result) -> str:
+    """One row as the log prints it while the matrix runs."""
+    time_ratio = "-" if math.isnan(r.time_ratio) else f"{r.time_ratio:.2f}x"
+    return (
+        f"{r.strategy} {r.runtime} traced {r.traced}: predicted {_b(r.predicted)} measured "
+        f"{_b(r.measured)} difference {_b(r.difference)} bound {_b(r.bound)} grads "
+        f"{r.grads or '-'} time {time_ratio} {r.note}"
+    ).rstrip()
 
 
 def _measure(
@@ -379,13 +453,17 @@ def _measure(
     eager: _Step,
     ref: dict[str, torch.Tensor],
     problem: Problem,
-    plan: Plan,
+    plan: Plan | SavedPlan,
     reps: int,
+    predicted: int | None = None,
 ) -> None:
     """Fill one row: build the runtime's module on `bench`'s model, then gradients, peak and
-    times, each paired with an eager step on `eager_bench`'s."""
+    times, each paired with an eager step on `eager_bench`'s. `predicted`: the peak to hold
+    the measurement to, when not the bound plan's own."""
     try:
         run, row.predicted = _planned(bench.case, plan, row.runtime)
+        if predicted is not None:
+            row.predicted = predicted
     except Exception as e:
         row.note = f"{row.runtime} refused: {_refusal(e)}"
         return
@@ -406,6 +484,107 @@ def _measure(
         handle = _handle(run)
         if handle is not None:
             handle.remove()
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One `scaled_dot_product_attention` call: the kernel our rules pick for this device
+    (`core.trace.attention.select`, what a plan made on a laptop assumes) and the one torch
+    ran here."""
+
+    call: str
+    predicted: str
+    ran: str
+
+
+# the ATen ops each backend's kernel runs as (`scaled_dot_product_attention` in attention.cpp)
+_KERNEL_OPS = {
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_attention_math": "math",
+}
+
+
+# torch._C._SDPBackend's values
+_BACKEND_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+def attention_kernels(device: str = "cpu") -> list[KernelRow]:
+    """Our attention rules against torch's pick, on calls shaped as training runs them
+    (queries needing gradients): dtypes, head dims, masks, causal, dropout, grouped heads."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from core.trace.attention import Target, _Call, select
+
+    dev = torch.device(device)
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    target = Target(dev.type, cap)
+
+    class Ran(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernels: list[str] = []
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            name = func.overloadpacket.__name__
+            if name in _KERNEL_OPS:
+                self.kernels.append(_KERNEL_OPS[name])
+            return func(*args, **(kwargs or {}))
+
+    rows = []
+    g = torch.Generator(device=dev).manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for d in (64, 80, 128, 256):
+            for mask in ("none", "causal", "bool", "float"):
+                for dropout in (0.0, 0.1):
+                    for gqa in (False, True):
+                        b, h, s = 2, 8, 256
+                        kv = h // 2 if gqa else h
+                        q = torch.randn(b, h, s, d, device=dev, dtype=dtype, generator=g)
+                        k = torch.randn(b, kv, s, d, device=dev, dtype=dtype, generator=g)
+                        v = torch.randn(b, kv, s, d, device=dev, dtype=dtype, generator=g)
+                        q.requires_grad_(True)
+                        m: torch.Tensor | None = None
+                        if mask == "bool":
+                            m = torch.ones(b, 1, s, s, device=dev, dtype=torch.bool).tril()
+                        elif mask == "float":
+                            m = torch.zeros(b, 1, s, s, device=dev, dtype=dtype)
+                        call = _Call(q, k, v, m, dropout, mask == "causal", None, gqa)
+                        try:
+                            predicted = select(call, target)[0]
+                        except Exception as e:
+                            predicted = _refusal(e)
+                        mode = Ran()
+                        try:
+                            with mode:
+                                torch.nn.functional.scaled_dot_product_attention(
+                                    q, k, v, m, dropout, mask == "causal", enable_gqa=gqa
+                                )
+                            ran = mode.kernels[0] if mode.kernels else "math (composite)"
+                        except Exception as e:
+                            ran = _refusal(e)
+                        what = (
+                            f"{str(dtype).removeprefix('torch.')} d{d} mask={mask} "
+                            f"dropout={dropout} gqa={gqa}"
+                        )
+                        rows.append(KernelRow(what, predicted, ran))
+    return rows
+
+
+def format_kernels(rows: Sequence[KernelRow]) -> str:
+    """The calls whose kernel our rules miss, then a count."""
+    lines = [f"{r.call}: predicted {r.predicted}, ran {r.ran}" for r in rows if not _same(r)]
+    hits = sum(_same(r) for r in rows)
+    lines.append(f"attention kernels: {hits} of {len(rows)} calls as predicted")
+    return "\n".join(lines)
+
+
+def _same(r: KernelRow) -> bool:
+    return r.ran == r.predicted or (r.predicted == "math" and r.ran.startswith("math"))
 
 
 def _failed_rows(model: str, precision: str, note: str) -> list[Result]:
@@ -458,6 +637,7 @@ COLUMNS = (
     "precision",
     "strategy",
     "runtime",
+    "traced",
     "predicted",
     "measured",
     "measured-predicted",
@@ -476,6 +656,7 @@ def format_table(rows: Sequence[Result]) -> str:
             r.precision,
             r.strategy,
             r.runtime,
+            r.traced,
             _b(r.predicted),
             _b(r.measured),
             _b(r.difference),
@@ -532,6 +713,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     where = torch.cuda.get_device_name(args.device) if args.device != "cpu" else "CPU"
     print(f"remat bench --validate on {where}, torch {torch.__version__}", flush=True)
+    if args.device != "cpu":
+        order = [_BACKEND_NAMES.get(b, str(b)) for b in torch._C._get_sdp_priority_order()]
+        print(
+            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, capability "
+            f"{torch.cuda.get_device_capability(args.device)}, attention order {order}",
+            flush=True,
+        )
+    print(format_kernels(attention_kernels(args.device)), flush=True)
     rows = run_matrix(
         args.device,
         reps=args.reps,

@@ -16,7 +16,10 @@ from bench.validate import (
     ModelSpec,
     Result,
     _hf,
+    _same,
     _sample_gpt,
+    attention_kernels,
+    format_kernels,
     format_table,
     run_matrix,
     summary,
@@ -104,3 +107,12 @@ def test_cuda_without_a_gpu_is_a_clear_refusal(capsys: pytest.CaptureFixture[str
         pytest.skip("a GPU is here: the command would run")
     assert cli_main(["bench", "--device", "cuda", "--validate"]) == 2
     assert "no CUDA device here" in capsys.readouterr().out
+
+
+def test_the_attention_rules_pick_the_kernel_cpu_runs() -> None:
+    # on the GPU the same table sets our CUDA rules against the kernels torch runs there
+    rows = attention_kernels("cpu")
+    assert len(rows) == 3 * 4 * 4 * 2 * 2
+    assert all(_same(r) for r in rows), [r for r in rows if not _same(r)]
+    assert {r.ran for r in rows} == {"flash", "math (composite)"}
+    assert format_kernels(rows).endswith(f"{len(rows)} of {len(rows)} calls as predicted")
