@@ -47,11 +47,11 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
         "are traced as plain ops; driven directly to replay a native region",
     ),
     PrivateAPI(
-        "torch.utils.checkpoint",
-        "_detach_helper",
+        "torch._C",
+        "_SetExcludeDispatchKeyGuard",
         "core/native/replay.py",
-        "selective checkpoint's own detach of a saved op's outputs (views keep their version "
-        "counter), used where a stretch's tape caches them as SAC's caching mode would",
+        "detaches a stretch's cached op outputs beneath autograd, as selective checkpoint's "
+        "caching mode does (views keep their version counter)",
     ),
     PrivateAPI(
         "torch._subclasses.fake_tensor",
@@ -68,7 +68,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     ),
     PrivateAPI(
         "torch._functorch._aot_autograd.logging_utils",
-        "setup_stacktrace_preservation_hooks_from_tensors",
+        "setup_stacktrace_preservation_hooks",
         "core/trace/capture.py",
         "tags each backward node with the forward op it differentiates (its sequence number)",
     ),

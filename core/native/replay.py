@@ -44,7 +44,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils.checkpoint import (
     SAC_IGNORED_OPS,
     _checkpoint_without_reentrant_generator,
-    _detach_helper,
     noop_context_fn,
 )
 
@@ -53,6 +52,16 @@ from core.native.boundaries import END, START
 from core.native.stretch import Stretch
 
 Moment = tuple[str, str, int]  # (module, hook, call)
+
+
+def _detach_helper(x: Any) -> Any:
+    """Selective checkpoint's detach of a cached op output (torch.utils.checkpoint's
+    `_detach_helper` in torch 2.12+, inline in older ones): a view detached beneath autograd
+    keeps its version counter, and the cache holds no graph."""
+    if isinstance(x, torch.Tensor):
+        with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.ADInplaceOrView, False):
+            x = x.detach()
+    return x
 
 
 @dataclass(frozen=True)

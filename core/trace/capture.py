@@ -18,9 +18,7 @@ from typing import Any, Protocol
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch._functorch._aot_autograd.logging_utils import (
-    setup_stacktrace_preservation_hooks_from_tensors,
-)
+from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.func import functional_call
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -257,7 +255,9 @@ def _joint_step(
         with _autocast_cache():
             leaves, _ = pytree.tree_flatten(forward(ps, ss, xs))
         # tag each backward node with the sequence number of the forward op it differentiates
-        setup_stacktrace_preservation_hooks_from_tensors([leaves[i] for i in diff])
+        setup_stacktrace_preservation_hooks(
+            [leaves[i].grad_fn for i in diff if leaves[i].grad_fn is not None]
+        )
         wrt = list(ps) + [xs[i] for i in grad_inputs]
         with autocast_off():  # eager's backward runs after the autocast block
             grads = torch.autograd.grad([leaves[i] for i in diff], wrt, ts, allow_unused=True)

@@ -31,7 +31,10 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        torch.library.register_fake("aten::_grouped_mm")(_grouped_mm)
+        try:
+            torch.library.register_fake("aten::_grouped_mm")(_grouped_mm)
+        except RuntimeError:
+            pass  # torchs whose C++ registers a meta kernel for it (2.11) keep their own
         _registered = True
 
 

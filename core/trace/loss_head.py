@@ -71,6 +71,10 @@ _CASTS = {
 _ROUNDED = torch.bfloat16
 
 
+# F.linear_cross_entropy, new in torch 2.12 (None before: no model calls it there)
+_LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)
+
+
 @dataclass(frozen=True)
 class LossHead:
     """How a step computes an LM-head loss: "plain" (as the model writes it) or "chunked"
@@ -252,7 +256,7 @@ class LossHeadMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.linear_cross_entropy:
+        if func is _LINEAR_CROSS_ENTROPY:  # torch 2.12+
             return self._linear_cross_entropy(*args, **kwargs)
         out = func(*args, **kwargs)
         if self.head.kind == "plain":
