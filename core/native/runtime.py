@@ -77,6 +77,7 @@ class _Policy:
         self.region = region
         self.ops, self.save = region.ops, region.save
         self.calls = 0
+        self.recomputed = 0  # torch < 2.12 asks the policy again while recomputing
         self.per_op: dict[Any, int] = {}  # under torch.compile: calls per op so far
 
     def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -84,29 +85,43 @@ class _Policy:
             if _UNTRACED[0] or op in SCALAR_READS:
                 return _RECOMPUTE
             return self._traced(op)
+        if getattr(ctx, "is_recompute", False):
+            # the recompute must answer as the forward did, op for op: SAC takes a saved
+            # op's output from its cache in the order the forward stored them
+            return _SAVE if self._next(op, recompute=True) else _RECOMPUTE
         return _SAVE if self.saves(op) else _RECOMPUTE
 
     def saves(self, op: Any) -> bool:
         """Whether eager's next op of the region, `op`, is saved; PlanMismatch when the
         trace has another op there. Reads into Python and ops under `untraced_ops` are
         none of the trace's: recomputed, not counted."""
+        return self._next(op, recompute=False)
+
+    def _next(self, op: Any, recompute: bool) -> bool:
         if _UNTRACED[0]:
             return False
-        ops, n = self.ops, self.calls
+        ops, n = self.ops, self.recomputed if recompute else self.calls
         if n < len(ops) and ops[n] is op:  # the common case first: no hashing
-            self.calls = n + 1
+            self._advance(recompute)
             return self.save[n]
         if op in SCALAR_READS:  # a read into Python: no traced node
             return False
         if n >= len(ops) or ops[n] != traced_as(op):
             want = str(ops[n]) if n < len(ops) else "the end of the block"
+            when = "its recompute" if recompute else "the block"
             raise PlanMismatch(
-                f"{self.region.module}: op {n} of the block runs {op}, the trace has {want}: "
+                f"{self.region.module}: op {n} of {when} runs {op}, the trace has {want}: "
                 "the model runs other ops than it did when analysed (training mode, "
                 "autocast, shapes or code changed); analyse the model as it runs now"
             )
-        self.calls = n + 1
+        self._advance(recompute)
         return self.save[n]
+
+    def _advance(self, recompute: bool) -> None:
+        if recompute:
+            self.recomputed += 1
+        else:
+            self.calls += 1
 
     def _traced(self, op: Any) -> CheckpointPolicy:
         """The policy while torch.compile traces the region: its ops are decomposed otherwise
