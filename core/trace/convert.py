@@ -139,6 +139,9 @@ def real_storage_bytes(
     dispatch modes do not reach the runs, nor do the runs reach them.
     """
     sizes = dict(traced)
+    for node in nodes:  # results that live on the host: no device bytes
+        for position in _host_results(node):
+            sizes[node.storages[position]] = 0
     runs: dict[tuple, list[tuple[int, int]] | None] = {}
     with _probing(vals):
         for node in nodes:
@@ -158,6 +161,30 @@ def real_storage_bytes(
     return sizes
 
 
+# CUDA's memory-efficient attention returns its dropout seed and offset as CPU tensors
+# outside CUDA graph capture, dropout or not (`_efficient_attention_forward` in
+# ATen/native/transformers/cuda/attention.cu: `device = in_capture_stream ? kCUDA : kCPU`);
+# torch's meta kernel leaves them on the meta device. Measured on an H200 (torch 2.11, GPT-2
+# and Llama at their default attention, fp32): counted as device bytes they put every
+# prediction 512 B per seed and offset above the measured peak (docs/validate.md).
+_HOST_RESULT_NAMES = frozenset({"philox_seed", "philox_offset"})
+_HOST_RESULT_OPS = ("_scaled_dot_product_efficient_attention", "_efficient_attention_forward")
+
+
+def _host_results(node: AtenNode) -> list[int]:
+    """The result positions of `node` that its CUDA kernel places on the host."""
+    target = node.target
+    if node.role != "op" or not isinstance(target, torch._ops.OpOverload):
+        return []
+    if (
+        target.namespace != "aten"
+        or target._schema.name.removeprefix("aten::") not in _HOST_RESULT_OPS
+    ):
+        return []
+    tensors = [r for r in target._schema.returns if "Tensor" in str(r.type)]
+    return [i for i, r in enumerate(tensors) if r.name in _HOST_RESULT_NAMES]
+
+
 def _fresh_outputs(node: AtenNode, nodes: list[AtenNode]) -> dict[int, list[int]]:
     """The storages `node` allocates (none of its inputs has them) -> its result positions on
     each."""
@@ -174,8 +201,17 @@ def _fresh_outputs(node: AtenNode, nodes: list[AtenNode]) -> dict[int, list[int]
 def _probeable(node: AtenNode, vals: dict[int, Any]) -> bool:
     if node.target.namespace != "aten":
         return False
+    if any(a.name in _HOST_READ for a in node.target._schema.arguments):
+        return False
     tensors = [t for n in (node.index, *node.reads) for t in _tensors_of(vals[n])]
     return all(t.device.type != "meta" for t in tensors)
+
+
+# arguments a kernel reads on the host: the attention backward kernels read the dropout
+# seed and offset their forward left on the CPU, where a trace places them on the device, so a
+# stand-in there would be read through a device pointer (a crash); their results are the
+# gradients of their inputs, sized as the trace sizes them
+_HOST_READ = frozenset({"philox_seed", "philox_offset"})
 
 
 def _signature(node: AtenNode, vals: dict[int, Any]) -> tuple:

@@ -143,6 +143,20 @@ def test_flash_keeps_the_log_sum_exp_and_the_dropout_seed():
     assert set(fwd.storages[:4]) <= read  # out, lse, seed, offset
 
 
+def test_efficient_attention_keeps_its_seed_on_the_host():
+    """CUDA's memory-efficient attention returns its dropout seed and offset as CPU tensors
+    (outside graph capture): the trace counts no device bytes for them, the output and the
+    log-sum-exp in full (an H200 measured this: docs/validate.md)."""
+    problem = _analyze(_gpt2(torch.float32), device="h100")
+    graph = problem.graph
+    calls = [op for op in graph.ops if op.label == EFFICIENT]
+    assert len(calls) == LAYERS
+    for op in calls:
+        out, lse, seed, offset = (graph.values[v].nbytes for v in op.outputs)
+        assert out == BATCH * 4 * SEQ * 16 * 4 and lse > 0
+        assert seed == offset == 0
+
+
 def test_grouped_query_attention():
     """Flash takes grouped-query heads (enable_gqa: key and value keep 2 heads, and so do
     their gradients). fp32 takes math here, and the note says the trace holds the s x s
