@@ -25,6 +25,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from core.native.match import align, traced_as
 from core.problem import Problem, per_problem
 from core.trace.call import join_call
+from core.trace.device import running_as
 from core.trace.eager_branches import eager_branches
 from core.trace.nodes import AtenNode
 
@@ -172,7 +173,8 @@ def _probe(model: nn.Module, problem: Problem) -> _Events:
             )
         )
     try:
-        with torch.no_grad(), trace.autocast.entered(), mode, count, eager_branches():
+        as_traced = running_as(problem.device_model, model, trace.autocast)
+        with torch.no_grad(), as_traced, mode, count, eager_branches():
             out = model(*args, **kwargs)
             if problem.loss_fn is not None and trace.call.loss:
                 out = problem.loss_fn(out, *targets)

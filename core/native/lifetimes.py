@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 
 from core.native.match import align, traced_as
 from core.trace.call import fake_call
+from core.trace.device import CPU, DeviceModel, running_as
 from core.trace.eager_branches import eager_branches
 from core.trace.nodes import Trace
 
@@ -87,11 +88,15 @@ class Lifetimes:
 
 
 def python_lifetimes(
-    model: nn.Module, trace: Trace, loss_fn: Callable[..., torch.Tensor] | None = None
+    model: nn.Module,
+    trace: Trace,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    device_model: DeviceModel = CPU,
 ) -> Lifetimes:
     """When the model's Python code drops each storage and what each submodule is called
     with: the model called as traced, on fake inputs shaped as traced, without autograd,
-    under the trace's autocast (then `loss_fn` when the trace has one)."""
+    as on the device the trace was made for (`running_as`: its autocast, attention and
+    dropout; then `loss_fn` when the trace has one)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     inputs = [(s.shape, s.dtype, False) for s in trace.input_specs]
@@ -107,7 +112,8 @@ def python_lifetimes(
         for name, sub in model.named_modules()
     ]
     try:
-        with torch.no_grad(), trace.autocast.entered(), mode, deaths, eager_branches():
+        as_traced = running_as(device_model, model, trace.autocast)
+        with torch.no_grad(), as_traced, mode, deaths, eager_branches():
             out = model(*args, **kwargs)
             if loss_fn is not None and trace.call.loss:
                 out = loss_fn(out, *targets)

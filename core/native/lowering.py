@@ -402,7 +402,7 @@ def python_held(problem: Problem) -> PythonHeld:
     op_of = {n: op.index for op in graph.ops for n in op.nodes}
     starts = sorted((graph.ops[o].nodes[0], o) for o in graph.forward_ops)
     firsts = [n for n, _ in starts]
-    lifetimes = python_lifetimes(model, trace, problem.loss_fn)
+    lifetimes = python_lifetimes(model, trace, problem.loss_fn, problem.device_model)
     out: dict[int, int] = {}
     for made, dropped in lifetimes.dropped.items():
         v = _made_value(graph, made, op_of)

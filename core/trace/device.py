@@ -12,13 +12,17 @@ dispatches as torch does. On tensors already on the target's device type it does
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from core.trace.attention import KERNELS, AttentionMode, Target
+from core.trace.autocast import Autocast
 
 
 @dataclass(frozen=True)
@@ -100,3 +104,17 @@ def _cuda_dropout(
     if not 0.0 < p < 1.0 or input.numel() == 0:
         return func(input, p, training, inplace)
     return torch.ops.aten.native_dropout(input, p, True)[0]
+
+
+@contextlib.contextmanager
+def running_as(device: DeviceModel, model: nn.Module, autocast: Autocast) -> Iterator[None]:
+    """Run `model`'s ops as the step traced for `device` ran them: under `autocast`, with
+    CUDA's cast lists where a GPU step is traced on CPU tensors, and with the device's
+    attention and dropout kernels (`DeviceDispatch`). The probes that run a model again after
+    its trace (core.native.boundaries, core.native.lifetimes) align their ops with the
+    trace's, so they must dispatch the same ops."""
+    held = next((p.device.type for p in model.parameters()), "cpu")
+    dispatch = DeviceDispatch(device) if held != device.type else None
+    emulate = dispatch is not None and device.type == "cuda"
+    with autocast.entered(emulate_cuda=emulate), dispatch or contextlib.nullcontext():
+        yield
