@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from core.costs import detected_model
-from core.errors import PlanMismatch, UnsupportedModel, fmt_bytes
+from core.errors import CostsDiffer, PlanMismatch, UnsupportedModel, fmt_bytes
 from core.graph import Graph
 from core.optimizer_step import describe_optimizer_difference, optimizer_data
 from core.plan import Plan, SavedPlan
@@ -106,6 +106,13 @@ def retrace(
             device=meta.device.name,
             attention=meta.device.attention,
         )
+    except CostsDiffer as e:
+        raise PlanMismatch(
+            "the model's traced operations differ from the plan's: "
+            + describe_difference(e.trace, meta.trace_data())
+            + ": the plan was traced for another step (other code, torch version or device "
+            "kernels): make a new plan for this model here"
+        ) from None
     except UnsupportedModel as e:
         raise PlanMismatch(
             f"the model cannot run on the plan's recorded inputs {list(meta.inputs)} "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RematError(Exception):
     """Base class for every error Remat Studio raises on purpose."""
@@ -18,6 +20,20 @@ class UnsupportedModel(RematError):
         if hint:
             msg += f": {hint}"
         super().__init__(msg)
+
+
+class CostsDiffer(UnsupportedModel):
+    """A plan's recorded op times are for another step than the one traced now (another
+    count of ops): `trace` is the step traced now, for saying what differs."""
+
+    def __init__(self, recorded: int, traced: int, trace: Any) -> None:
+        self.trace = trace
+        super().__init__(
+            f"the step with the recorded costs: they time {recorded} ops, the step traced "
+            f"has {traced}",
+            "",
+            "the plan was made for another step: make a new plan for this model",
+        )
 
 
 class InfeasibleBudget(RematError):

@@ -16,7 +16,7 @@ from core import costs as cost_models
 from core.allocator import Allocator, round_values
 from core.allocator import for_device_type as allocator_for
 from core.blocks import Block, constant_ops, find_blocks
-from core.errors import RematError, UnsupportedModel, fmt_bytes
+from core.errors import CostsDiffer, RematError, UnsupportedModel, fmt_bytes
 from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
 from core.optimizer_step import OptimizerStep
@@ -232,12 +232,7 @@ def analyze(
     report("costs", 0.3)
     if isinstance(costs, CostRecord):
         if len(costs.times) != len(graph.ops):
-            raise UnsupportedModel(
-                f"the recorded costs time {len(costs.times)} ops, the step traced has "
-                f"{len(graph.ops)}",
-                "",
-                "the plan was made for another step: make a new plan for this model",
-            )
+            raise CostsDiffer(len(costs.times), len(graph.ops), trace)
         for op, t in zip(graph.ops, costs.times, strict=True):
             op.time = t
         cost_name = costs.model

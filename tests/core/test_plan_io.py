@@ -153,3 +153,17 @@ def test_a_measured_cost_plan_means_the_same_in_a_fresh_process(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == want
+
+
+def test_a_plan_for_a_step_of_other_ops_says_what_differs() -> None:
+    """A loaded plan whose model now runs other ops (here one more ReLU; on a GPU, another
+    torch's autocast casts) is refused by the trace's difference, not by its recorded costs'
+    length."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    problem = core.analyze(model, (x,))
+    saved = core.SavedPlan.from_data(core.solve(problem, 1.0).to_data())
+    model[1] = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())  # same parameters
+    with pytest.raises(core.PlanMismatch, match="traced operations differ from the plan's"):
+        core.apply_plan(model, saved)
