@@ -51,7 +51,7 @@ bench: install
 	$(VENV)/bin/remat bench
 
 # on a machine with a CUDA GPU: predicted against measured peaks, gradients and step times of
-# our plans (bench/validate.py); sized for under 8 minutes on one GPU (not yet run on one)
+# our plans (bench/validate.py); about a minute a model on an H200 (docs/validate.md)
 validate-gpu: install
 	$(VENV)/bin/remat bench --device cuda --validate
 

@@ -163,6 +163,9 @@ class Result:
     measured: int | None = None  # bytes beyond the step's starting allocation
     bound: int | None = None  # the allocator's lower bound (512 B rounding), bytes
     grads: str = ""  # "equal" or the max abs difference
+    # eager's gradients against a second eager step from the same state: "equal", or the
+    # spread of the device's nondeterministic kernels (CUDA's attention backward, atomics)
+    eager_spread: str = ""
     time_ratio: float = math.nan  # step time / eager's, median of paired ratios
     note: str = ""  # a refusal or failure, in words
 
@@ -300,7 +303,7 @@ def _plans(problem: Problem) -> dict[str, Plan | str]:
 
 
 def _refusal(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:160]
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:400]
 
 
 def _autocast(device: torch.device, precision: str) -> Callable[[], AbstractContextManager[Any]]:
@@ -358,13 +361,17 @@ def validate_model(
                     name=spec.name,
                 )
             ref = plain.grads(eager)
+            spread = grads_against(plain.grads(eager), ref)
         except Exception as e:
             rows += _failed_rows(spec.name, precision, f"not analysed: {_refusal(e)}")
             continue
-        log(f"{spec.name} {precision}: analysed, {len(problem.graph.ops)} ops")
+        log(
+            f"{spec.name} {precision}: analysed, {len(problem.graph.ops)} ops; eager against "
+            f"eager: {spread}"
+        )
         for strategy, plan in _plans(problem).items():
             for runtime in RUNTIMES:
-                row = Result(spec.name, precision, strategy, runtime)
+                row = Result(spec.name, precision, strategy, runtime, eager_spread=spread)
                 rows.append(row)
                 if isinstance(plan, str):
                     row.note = plan
@@ -372,7 +379,10 @@ def validate_model(
                 _measure(row, bench, plain, eager, ref, problem, plan, reps)
                 log(f"  {_line(row)}")
         if device.type == "cuda":
-            rows += _planned_on_cpu(spec, precision, bench, plain, eager, ref, preset, reps, log)
+            laptop = _planned_on_cpu(spec, precision, bench, plain, eager, ref, preset, reps, log)
+            for r in laptop:
+                r.eager_spread = spread
+            rows += laptop
     return rows
 
 
@@ -442,7 +452,7 @@ def _line(r: Result) -> str:
     return (
         f"{r.strategy} {r.runtime} traced {r.traced}: predicted {_b(r.predicted)} measured "
         f"{_b(r.measured)} difference {_b(r.difference)} bound {_b(r.bound)} grads "
-        f"{r.grads or '-'} time {time_ratio} {r.note}"
+        f"{r.grads or '-'} (eager vs eager {r.eager_spread or '-'}) time {time_ratio} {r.note}"
     ).rstrip()
 
 
@@ -513,7 +523,8 @@ _BACKEND_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrid
 
 def attention_kernels(device: str = "cpu") -> list[KernelRow]:
     """Our attention rules against torch's pick, on calls shaped as training runs them
-    (queries needing gradients): dtypes, head dims, masks, causal, dropout, grouped heads."""
+    (query, key and value needing gradients): dtypes, head dims, masks, causal, dropout,
+    grouped heads."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from core.trace.attention import Target, _Call, select
@@ -547,7 +558,8 @@ def attention_kernels(device: str = "cpu") -> list[KernelRow]:
                         q = torch.randn(b, h, s, d, device=dev, dtype=dtype, generator=g)
                         k = torch.randn(b, kv, s, d, device=dev, dtype=dtype, generator=g)
                         v = torch.randn(b, kv, s, d, device=dev, dtype=dtype, generator=g)
-                        q.requires_grad_(True)
+                        for t in (q, k, v):  # as training calls it: all need gradients
+                            t.requires_grad_(True)
                         m: torch.Tensor | None = None
                         if mask == "bool":
                             m = torch.ones(b, 1, s, s, device=dev, dtype=torch.bool).tril()
@@ -643,6 +655,7 @@ COLUMNS = (
     "measured-predicted",
     "allocator bound",
     "grads vs eager",
+    "eager vs eager",
     "time / eager",
     "note",
 )
@@ -662,6 +675,7 @@ def format_table(rows: Sequence[Result]) -> str:
             _b(r.difference),
             _b(r.bound),
             r.grads or "-",
+            r.eager_spread or "-",
             "-" if math.isnan(r.time_ratio) else f"{r.time_ratio:.2f}x",
             r.note,
         )
@@ -703,6 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cuda (the GPU at hand) or cpu (dry run)")
     p.add_argument("--reps", type=int, help="paired timing repetitions (default cuda 5, cpu 1)")
     p.add_argument("--preset", help="core.costs preset for op times (default: from the GPU)")
+    p.add_argument("--models", nargs="+", help="these models of the matrix only (default: all)")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {args.device}: no CUDA device here; `--device cpu` runs the dry run")
@@ -721,8 +736,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     print(format_kernels(attention_kernels(args.device)), flush=True)
+    kind = "cpu" if args.device == "cpu" else "cuda"
+    specs = [m for m in MODELS[kind] if args.models is None or m.name in args.models]
+    if not specs:
+        names = ", ".join(m.name for m in MODELS[kind])
+        print(f"--models {' '.join(args.models)}: none of this device's models ({names})")
+        return 2
     rows = run_matrix(
         args.device,
+        models=specs,
         reps=args.reps,
         preset=args.preset,
         log=lambda text: print(text, flush=True),
