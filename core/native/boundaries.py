@@ -82,11 +82,12 @@ class _Count(TorchDispatchMode):
 @per_problem
 def boundaries(problem: Problem) -> Boundaries:
     """The moments of `problem`'s step a stretch region can begin or end at; only the
-    step's start and end when the model is gone."""
+    step's start and end for a problem made without a model (a RematError when its model
+    was garbage collected: `Problem.live_model`)."""
     trace = problem.graph.trace
     places = forward_nodes(trace.nodes)
     ends = [Boundary("", START, 0, 0), Boundary("", END, 0, len(places))]
-    model = problem.model_ref() if problem.model_ref is not None else None
+    model = problem.live_model("native execution's regions between submodule calls")
     if model is None:
         return Boundaries(tuple(places), tuple(ends))
     events = _probe(model, problem)

@@ -391,10 +391,11 @@ class PythonHeld:
 
 @per_problem
 def python_held(problem: Problem) -> PythonHeld:
-    """The model's Python lifetimes, run once per problem; empty when the model is gone
-    (values are then taken as dropped after their last read, a region's frame as holding
-    the outer values its ops read)."""
-    model = problem.model_ref() if problem.model_ref is not None else None
+    """The model's Python lifetimes, run once per problem; empty for a problem made without
+    a model (values are then taken as dropped after their last read, a region's frame as
+    holding the outer values its ops read); a RematError when its model was garbage
+    collected (`Problem.live_model`)."""
+    model = problem.live_model("native execution's simulation (the model's Python lifetimes)")
     if model is None:
         return PythonHeld({}, {})
     graph = problem.graph

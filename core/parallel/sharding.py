@@ -18,6 +18,7 @@ the pair is replicated instead.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,8 +262,9 @@ def _traced(
     problem: Problem, model: nn.Module, groups: list[list[Pair]], tp: int, device: str
 ) -> Problem:
     args, kwargs, targets = traced_call(problem, model)
-    return analyze(
-        replica(model, [p for g in groups for p in g], tp),
+    rank_model = replica(model, [p for g in groups for p in g], tp)
+    rank = analyze(
+        rank_model,
         args,
         kwargs,
         problem.loss_fn,
@@ -271,6 +273,10 @@ def _traced(
         name=f"{problem.name} tp{tp}",
         autocast=problem.graph.trace.autocast,
     )
+    # the rank's problem refers to no model: its plan runs on the sharded model, where
+    # DTensor's hooks run ops the replica does not, so native lowering takes no module
+    # boundaries or Python lifetimes from the replica (whole layers, last reads)
+    return dataclasses.replace(rank, model_ref=None)
 
 
 def traced_call(problem: Problem, model: nn.Module) -> tuple[tuple, dict, tuple]:

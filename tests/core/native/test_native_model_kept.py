@@ -24,6 +24,17 @@ def test_a_native_solve_whose_model_is_gone_says_to_keep_it():
         core.solve(problem, 0.7, method="native")
 
 
+def test_lowering_a_plan_whose_model_is_gone_says_to_keep_it():
+    """`core.lower` of a plan made while the model lived: without it the lowering would
+    know no module boundaries and predict another native program than the one that runs."""
+    model, inputs = build("mlp-batch")
+    plan = core.solve(core.analyze(model, inputs), 0.7)
+    del model
+    gc.collect()
+    with pytest.raises(core.RematError, match="keep a reference to the model"):
+        core.lower(plan)
+
+
 def test_remat_plan_and_show_print_the_native_step(tmp_path, capsys):
     assert main(["plan", "mlp-batch", "--budget", "70%", "--method", "native",
                  "-o", str(tmp_path / "plan.remat")]) == 0  # fmt: skip
