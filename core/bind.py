@@ -21,6 +21,7 @@ from torch import nn
 from core.costs import detected_model
 from core.errors import CostsDiffer, PlanMismatch, UnsupportedModel, fmt_bytes
 from core.graph import Graph
+from core.graph_meta import GraphMeta
 from core.optimizer_step import describe_optimizer_difference, optimizer_data
 from core.plan import Plan, SavedPlan
 from core.plan_io import check_graph_meta
@@ -110,8 +111,8 @@ def retrace(
         raise PlanMismatch(
             "the model's traced operations differ from the plan's: "
             + describe_difference(e.trace, meta.trace_data())
-            + ": the plan was traced for another step (other code, torch version or device "
-            "kernels): make a new plan for this model here"
+            + _other_torch(meta)
+            + ": make a new plan for this model here"
         ) from None
     except UnsupportedModel as e:
         raise PlanMismatch(
@@ -122,9 +123,20 @@ def retrace(
         raise PlanMismatch(
             "the model's traced operations differ from the plan's: "
             + describe_difference(problem.graph.trace, meta.trace_data())
+            + _other_torch(meta)
             + ": make a new plan for this model"
         )
     return problem
+
+
+def _other_torch(meta: GraphMeta) -> str:
+    """'; the plan was traced with torch 2.13.0, this is torch 2.11.0' where they differ:
+    another torch can dispatch other ops (autocast's casts, attention kernels)."""
+    if not meta.torch_version or meta.torch_version == torch.__version__:
+        return ""
+    return (
+        f"; the plan was traced with torch {meta.torch_version}, this is torch {torch.__version__}"
+    )
 
 
 def _check_device(model: nn.Module, planned: DeviceModel) -> None:

@@ -60,6 +60,10 @@ class GraphMeta:
     # the values of the example's small integer inputs (ids, masks) by input position: the
     # model's Python branches on them (HF's mask code) go as they went when traced again
     values: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # the torch the step was traced with ("" in files from before it was recorded): another
+    # torch can dispatch other ops (autocast's casts, attention kernels), and a plan's
+    # mismatch says so
+    torch_version: str = ""
 
     @property
     def call_spec(self) -> CallSpec | None:
@@ -95,6 +99,8 @@ class GraphMeta:
             data["device"] = self.device.to_data()
         if self.values:
             data["values"] = [[i, list(v)] for i, v in self.values]
+        if self.torch_version:
+            data["torch"] = self.torch_version
         return data
 
     @staticmethod
@@ -112,4 +118,5 @@ class GraphMeta:
             costs=CostRecord.from_data(data["costs"]) if "costs" in data else None,
             device=DeviceModel.from_data(data.get("device")),
             values=tuple((int(i), tuple(map(int, v))) for i, v in data.get("values", [])),
+            torch_version=str(data.get("torch", "")),
         )

@@ -276,7 +276,8 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     fields = {"params", "state", "inputs", "n_nodes"}
     if (
         not isinstance(meta, dict)
-        or set(meta) - {"call", "autocast", "loss_head", "optimizer", "costs", "device", "values"}
+        or set(meta)
+        - {"call", "autocast", "loss_head", "optimizer", "costs", "device", "values", "torch"}
         != fields
     ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
@@ -327,6 +328,8 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         _check_costs(meta["costs"], bad)
     if "device" in meta:  # core.trace.device.DeviceModel.to_data
         _check_device(meta["device"], bad)
+    if "torch" in meta and not (_is_text(meta["torch"]) and len(meta["torch"]) <= 64):
+        raise bad("torch is not a version string")
     if "values" in meta:  # the example's small integer inputs: [[position, [ints]], ...]
         values = meta["values"]
         if not (

@@ -271,6 +271,7 @@ def analyze(
             (i, tuple(v))
             for i, v in small_int_values(split_call(args, kwargs or {}, targets)[0]).items()
         ),
+        torch_version=str(torch.__version__),
     )
     return Problem(
         graph,

@@ -167,3 +167,17 @@ def test_a_plan_for_a_step_of_other_ops_says_what_differs() -> None:
     model[1] = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())  # same parameters
     with pytest.raises(core.PlanMismatch, match="traced operations differ from the plan's"):
         core.apply_plan(model, saved)
+
+
+def test_a_plan_records_its_torch_and_a_mismatch_names_another(monkeypatch) -> None:
+    """Another torch can dispatch other ops (on the H200, torch 2.11's CUDA autocast cast
+    around cross-entropy where 2.13's lists do not): the refusal says which torch made it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    data = core.solve(core.analyze(model, (torch.randn(4, 8),)), 1.0).to_data()
+    assert data["graph_meta"]["torch"] == torch.__version__
+    data["graph_meta"]["torch"] = "2.11.0+cu130"
+    saved = core.SavedPlan.from_data(data)
+    model[1] = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())
+    with pytest.raises(core.PlanMismatch, match=r"traced with torch 2\.11\.0\+cu130, this is"):
+        core.apply_plan(model, saved)
