@@ -351,15 +351,7 @@ def validate_model(
         eager = _Step(plain.case, autocast)
         try:
             with autocast():
-                problem = core.analyze(
-                    case.model,
-                    case.args,
-                    case.kwargs,
-                    loss_fn=case.loss_fn,
-                    targets=case.targets,
-                    device=preset,
-                    name=spec.name,
-                )
+                problem = _analyzed(case, preset, spec.name)
             ref = plain.grads(eager)
             spread = grads_against(plain.grads(eager), ref)
         except Exception as e:
@@ -386,6 +378,19 @@ def validate_model(
     return rows
 
 
+def _analyzed(case: ZooCase, preset: str, name: str) -> Problem:
+    """`core.analyze` of a case's step for the device preset, under the caller's autocast."""
+    return core.analyze(
+        case.model,
+        case.args,
+        case.kwargs,
+        loss_fn=case.loss_fn,
+        targets=case.targets,
+        device=preset,
+        name=name,
+    )
+
+
 def _planned_on_cpu(
     spec: ModelSpec,
     precision: str,
@@ -407,15 +412,7 @@ def _planned_on_cpu(
         case = spec.build(cpu)
         case.model.load_state_dict({k: v.to(cpu) for k, v in bench.start.items()})
         with _autocast(bench.device, precision)():
-            problem = core.analyze(
-                case.model,
-                case.args,
-                case.kwargs,
-                loss_fn=case.loss_fn,
-                targets=case.targets,
-                device=preset,
-                name=spec.name,
-            )
+            problem = _analyzed(case, preset, spec.name)
     except Exception as e:
         note = f"not analysed on the CPU for {preset}: {_refusal(e)}"
         return [
