@@ -700,8 +700,13 @@ def summary(rows: Sequence[Result], device: str) -> str:
         within = sum(r.bound is not None and r.measured >= r.bound for r in ran if r.measured)
         memory = f"{within} of {sum(r.bound is not None for r in ran)} at or above the bound"
     else:
-        exact = sum(r.difference == SEED_BYTES for r in ran)
-        memory = f"{exact} exact (measured = predicted + {SEED_BYTES} B)"
+        # the seed is allocated as the backward starts: a step peaking in the forward
+        # measures its prediction to the byte
+        exact = sum(r.difference in (0, SEED_BYTES) for r in ran)
+        memory = (
+            f"{exact} exact (measured = predicted + {SEED_BYTES} B, or = predicted where the "
+            "step peaks before the backward's seed)"
+        )
     return (
         f"{len(rows)} rows: {len(ran)} ran ({memory}; {equal} with gradients equal to "
         f"eager's), {refused} refused or failed"

@@ -60,6 +60,17 @@ class Op:
     time: float = 0.0  # seconds, from the cost model
 
 
+@dataclass(frozen=True)
+class Transient:
+    """A forward op whose results nothing reads (a cast autocast makes and the code never
+    uses): no op of the graph, since no plan needs it, but eager runs it and frees its
+    results at once, so native execution (eager's code) allocates them for a moment."""
+
+    node: int  # its first ATen node: where in the forward it runs
+    outputs: tuple[int, ...]  # the values it allocates
+    label: str
+
+
 @dataclass(eq=False)  # compared (and hashed) by identity: facts are memoised per graph
 class Graph:
     trace: Trace
@@ -68,6 +79,8 @@ class Graph:
     prologue: tuple[int, ...]  # ATen nodes aliasing params, state or inputs only
     tangent_prologue: tuple[int, ...]  # ATen nodes aliasing the incoming gradients only
     final_values: frozenset[int]  # live at the end of the step: model outputs, gradients
+    # the forward's dead allocating ops, in trace order (`Transient`)
+    transients: tuple[Transient, ...] = ()
 
     @cached_property
     def forward_ops(self) -> list[int]:
@@ -168,7 +181,12 @@ def build_graph(trace: Trace) -> Graph:
     ops = _make_ops(trace, groups, owner, placeholder_storage)
     model_outputs = {nodes[n].storages[0] for n in trace.outputs}
     final = model_outputs | {nodes[g].storages[0] for g in trace.grads if g is not None}
-    ops = _drop_dead_and_classify(ops, final, model_outputs, backward_begins)
+    ops, dead = _drop_dead_and_classify(ops, final, model_outputs, backward_begins)
+    transients = tuple(
+        Transient(op.nodes[0], op.outputs, op.label)
+        for op in dead
+        if op.outputs and op.nodes[0] < backward_begins
+    )
     for op in ops:
         for v in op.outputs:
             values[v].producer = op.index
@@ -182,7 +200,7 @@ def build_graph(trace: Trace) -> Graph:
     tangent_storage = {v.index for v in values if v.kind == "tangent"}
     of_tangent = tuple(n for n in prologue if nodes[n].storages[0] in tangent_storage)
     rest = tuple(n for n in prologue if n not in of_tangent)
-    return Graph(trace, ops, values, rest, of_tangent, frozenset(final))
+    return Graph(trace, ops, values, rest, of_tangent, frozenset(final), transients)
 
 
 def _backward_begins(trace: Trace) -> int:
@@ -310,8 +328,9 @@ def _topological(raw: list[Op], owner: dict[int, int]) -> list[Op]:
 
 def _drop_dead_and_classify(
     ops: list[Op], final: set[int], model_outputs: set[int], backward_begins: int
-) -> list[Op]:
-    """Keep the ops the step needs and split them into phases.
+) -> tuple[list[Op], list[Op]]:
+    """Keep the ops the step needs and split them into phases; also returns the dropped
+    ones, in trace order.
 
     Forward: what the model outputs need, plus random and state-updating ops (they run once,
     in the forward, in traced order). Everything else is backward, including forward-region
@@ -344,4 +363,5 @@ def _drop_dead_and_classify(
         op.index = len(out)
         op.phase = "forward" if i in forward else "backward"
         out.append(op)
-    return out
+    dead = sorted((op for i, op in enumerate(ops) if i not in needed), key=lambda o: o.nodes[0])
+    return out, dead

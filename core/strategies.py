@@ -135,7 +135,8 @@ class Imported:
 def native_timeline(problem: Problem, program: NativeProgram) -> list[Step]:
     """A native program walked with a recording: live bytes by kind after each instruction
     (the app's timeline data). A run past the graph's ops is a recompute of its source op
-    (marked `recompute`), a copy to the host (label "offload") or a copy back ("prefetch")."""
+    (marked `recompute`), a copy to the host (label "offload"), a copy back ("prefetch"), or
+    a dead op's results made and freed at once ("unused result", after its source op)."""
     graph = problem.graph
     kind_of = {v.index: COLUMNS.index(v.kind) for v in graph.values if v.kind in COLUMNS}
     column = dict(kind_of)
@@ -164,7 +165,9 @@ def native_timeline(problem: Problem, program: NativeProgram) -> list[Step]:
             op = graph.ops[native.source]
             extra = target >= len(graph.ops)
             label = op.label
-            if extra and not native.inputs:
+            if native.transient:
+                label = "unused result"  # a dead op eager runs and frees at once
+            elif extra and not native.inputs:
                 label = "prefetch"
             elif extra and not native.outputs:
                 label = "offload"

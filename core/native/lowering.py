@@ -421,14 +421,22 @@ def python_held(problem: Problem) -> PythonHeld:
 
 
 def _made_value(graph: Graph, made: tuple[int, int], op_of: dict[int, int]) -> int | None:
-    """The graph value of a traced node's `i`-th tensor output, when its graph op makes it
-    (a view of another op's value is not a value of its own)."""
+    """The graph value of a traced node's `i`-th tensor output, when its graph op (or the
+    transient the node is, `core.graph.Transient`) makes it (a view of another op's value
+    is not a value of its own)."""
     node, i = made
     storages = graph.trace.nodes[node].storages
-    if node not in op_of or i >= len(storages):
+    if i >= len(storages):
         return None
     v = storages[i]
+    if node not in op_of:
+        return v if v in _transient_outputs(graph).get(node, ()) else None
     return v if v in graph.ops[op_of[node]].outputs else None
+
+
+def _transient_outputs(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """A transient's first node -> the values it makes."""
+    return {t.node: t.outputs for t in graph.transients}
 
 
 def module_nodes(problem: Problem, module: str) -> list[int]:

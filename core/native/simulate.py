@@ -37,6 +37,7 @@ call that reads it copies it back first into a fresh device storage.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,12 +69,15 @@ class Checkpointed:
 
 @dataclass(frozen=True)
 class NativeOp:
-    """An op of the native program: a graph op, or a recompute of one (its outputs copies)."""
+    """An op of the native program: a graph op, or a recompute of one (its outputs copies),
+    or a transient: a forward op whose results nothing reads, which eager runs and frees at
+    once (`core.graph.Transient`; its source the graph op it follows)."""
 
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     time: float
-    source: int  # the graph op it runs
+    source: int  # the graph op it runs (a transient: the one it runs after)
+    transient: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,10 @@ class GraphFacts:
     inplace: dict[int, int]  # `in_place_ops`
     clones: frozenset[int]  # the clones of `inplace`: ops the forward runs
     forward_ops: tuple[int, ...]  # the forward's ops, clones included, in order
+    # the forward's runs: `forward_ops` with the transients (native ops past the graph's,
+    # `ops`) each after the op it follows; and op -> the transients right after it
+    forward_runs: tuple[int, ...]
+    after: dict[int, tuple[int, ...]]
     starting: dict[int, tuple[int, ...]]  # node -> the ops of `forward_ops` it allocates in
     calls: tuple[Call, ...]  # `backward_calls`, clones skipped
     # each call, the forward node that made its node (None: stale, or no module's), whether
@@ -211,7 +219,7 @@ class GraphFacts:
     tangent_readers: dict[int, tuple[int, ...]]  # tangent -> the backward runs reading it
     forward_value: tuple[bool, ...]  # per graph value: made by the forward (or a placeholder)
     producer: tuple[int | None, ...]  # per graph value: the op making it
-    ops: tuple[NativeOp, ...]  # the graph's ops as native ops, timed by `times`
+    ops: tuple[NativeOp, ...]  # the graph's ops as native ops, timed by `times`, then transients
     times: list[float]
     # the forward's ops run in order (no offloads): each one's position, and each value's
     # release position after them (`_Builder._run`)
@@ -275,18 +283,22 @@ def _facts(graph: Graph) -> GraphFacts:
     starting: dict[int, tuple[int, ...]] = {}
     for o in forward_ops:
         starting[graph.ops[o].nodes[0]] = (*starting.get(graph.ops[o].nodes[0], ()), o)
+    ops = [NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops]
+    after, forward_runs = _transients(graph, forward_ops, ops)
     release: dict[int, int] = {}
-    for pos, o in enumerate(forward_ops):
-        for v in graph.ops[o].inputs:
+    for pos, o in enumerate(forward_runs):
+        for v in ops[o].inputs:
             if v in release:
                 release[v] = pos
-        for v in graph.ops[o].outputs:
+        for v in ops[o].outputs:
             release[v] = pos
     return GraphFacts(
         op_of=op_of,
         inplace=inplace,
         clones=clones,
         forward_ops=forward_ops,
+        forward_runs=forward_runs,
+        after=after,
         starting=starting,
         calls=calls,
         makers=tuple(makers),
@@ -305,11 +317,31 @@ def _facts(graph: Graph) -> GraphFacts:
         tangent_readers={v: tuple(bs) for v, bs in readers.items()},
         forward_value=tuple(v.producer is None or _forward(graph, v) for v in graph.values),
         producer=tuple(v.producer for v in graph.values),
-        ops=tuple(NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops),
+        ops=tuple(ops),
         times=[op.time for op in graph.ops],
-        forward_at={o: pos for pos, o in enumerate(forward_ops)},
+        forward_at={o: pos for pos, o in enumerate(forward_runs)},
         forward_release=release,
     )
+
+
+def _transients(
+    graph: Graph, forward_ops: Sequence[int], ops: list[NativeOp]
+) -> tuple[dict[int, tuple[int, ...]], tuple[int, ...]]:
+    """The graph's transients as native ops appended to `ops`, each after the forward op
+    that starts last before it in the trace: (op -> its transients, the forward's runs)."""
+    firsts = sorted((graph.ops[o].nodes[0], o) for o in forward_ops)
+    starts = [n for n, _ in firsts]
+    after: dict[int, list[int]] = {}
+    for t in graph.transients:
+        k = bisect.bisect_left(starts, t.node) - 1
+        prev = firsts[k][1] if k >= 0 else -1  # -1: before every forward op
+        after.setdefault(prev, []).append(len(ops))
+        ops.append(NativeOp((), t.outputs, 0.0, max(prev, 0), transient=True))
+    runs = list(after.get(-1, ()))
+    for o in forward_ops:
+        runs.append(o)
+        runs.extend(after.get(o, ()))
+    return {o: tuple(ts) for o, ts in after.items()}, tuple(runs)
 
 
 def _into_grad(graph: Graph, calls: Sequence[Call]) -> set[int]:
@@ -459,6 +491,7 @@ class _Builder:
             list(facts.ops)
             if times == facts.times  # (a graph's op times are set as it is analysed)
             else [NativeOp(op.inputs, op.outputs, op.time, op.index) for op in graph.ops]
+            + list(facts.ops[len(graph.ops) :])
         )
         self.sizes = dict(facts.sizes)
         self.next_value = max(self.sizes) + 1  # the number a new value (a copy) takes
@@ -497,15 +530,15 @@ class _Builder:
         graph, parts, facts = self.graph, self.parts, self.facts
         at: dict[int, int] = {}  # forward op -> its position
         if offloads.values:
-            for o in facts.forward_ops:
+            for o in facts.forward_runs:
                 at[o] = len(self.runs)
                 self._run(o)
-                for v in graph.ops[o].outputs:
+                for v in self.ops[o].outputs:
                     if v in offloads.values:  # packed: copied to the host, autograd holds that
                         self._extra(NativeOp((v,), (), offloads.time(self.sizes[v], True), o))
         else:  # the forward's ops alone, run as `_run` does: the same for every program
             at = facts.forward_at
-            self.runs = list(facts.forward_ops)
+            self.runs = list(facts.forward_runs)
             self.release = dict(facts.forward_release)
         first = facts.first
         n_forward = len(self.runs)
@@ -639,6 +672,8 @@ class _Builder:
             at[o] = len(self.runs) - 1
             if o in part.cached:
                 made += graph.ops[o].outputs
+                if o < part.stop:  # eager's recompute passes the dead ops after it too
+                    made += self._transients_after(o, copy)
                 continue
             made += graph.ops[o].outputs
             op = graph.ops[o]
@@ -653,6 +688,8 @@ class _Builder:
             at[o] = self._ran(len(self.ops) - 1, inputs, tuple(outputs))
             self.recomputed += 1
             self.recompute_time += op.time
+            if o < part.stop:
+                made += self._transients_after(o, copy)
         end = len(self.runs) - 1  # the recompute stops: Python drops what it still holds
         for o in self.casts.intersection(part.ops):  # cached until the recompute's autocast exits
             for v in graph.ops[o].outputs:
@@ -662,6 +699,20 @@ class _Builder:
             drop = drops.get(v)
             self._hold(copy.get(v, v), at.get(drop, end) if drop is not None else -1)
         return copy
+
+    def _transients_after(self, o: int, copy: dict[int, int]) -> list[int]:
+        """The recompute runs the transients that follow op `o`, into fresh values (`copy`
+        maps each transient value to its own), released as the forward's are; returns the
+        transient values."""
+        made: list[int] = []
+        for t in self.facts.after.get(o, ()):
+            for v in self.ops[t].outputs:
+                copy[v] = self._new_value(v)
+                made.append(v)
+            outputs = tuple(copy[v] for v in self.ops[t].outputs)
+            self.ops.append(NativeOp((), outputs, 0.0, o, transient=True))
+            self._ran(len(self.ops) - 1, (), outputs)
+        return made
 
     def _new_value(self, v: int) -> int:
         new = self.next_value
