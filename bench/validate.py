@@ -524,11 +524,8 @@ def attention_kernels(device: str = "cpu") -> list[KernelRow]:
     grouped heads."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from core.trace.attention import Target, _Call, select
-
     dev = torch.device(device)
     cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-    target = Target(dev.type, cap)
 
     class Ran(TorchDispatchMode):
         def __init__(self) -> None:
@@ -562,9 +559,18 @@ def attention_kernels(device: str = "cpu") -> list[KernelRow]:
                             m = torch.ones(b, 1, s, s, device=dev, dtype=torch.bool).tril()
                         elif mask == "float":
                             m = torch.zeros(b, 1, s, s, device=dev, dtype=dtype)
-                        call = _Call(q, k, v, m, dropout, mask == "causal", None, gqa)
                         try:
-                            predicted = select(call, target)[0]
+                            predicted = core.attention_kernel(
+                                q,
+                                k,
+                                v,
+                                m,
+                                dropout,
+                                mask == "causal",
+                                gqa,
+                                device_type=dev.type,
+                                capability=cap,
+                            )
                         except Exception as e:
                             predicted = _refusal(e)
                         mode = Ran()

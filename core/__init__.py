@@ -56,6 +56,7 @@ from core.solvers import available_methods, parse_budget, solve
 from core.solvers.keep_sets import Recompute
 from core.solvers.rockmate import WHOLE_GRAPH_MAX_OPS, ilp_pending
 from core.trace import Autocast, capture
+from core.trace.attention import attention_kernel
 from core.trace.loss_head import LossHead, chunked_head
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "ModelCall",
     "Problem",
     "analyze",
+    "attention_kernel",
     "available_methods",
     "parse_budget",
     "solve",
