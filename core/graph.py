@@ -63,8 +63,9 @@ class Op:
 @dataclass(frozen=True)
 class Transient:
     """A forward op whose results nothing reads (a cast autocast makes and the code never
-    uses): no op of the graph, since no plan needs it, but eager runs it and frees its
-    results at once, so native execution (eager's code) allocates them for a moment."""
+    uses): no op of the graph, since no plan needs it, but eager runs it and holds its
+    results until the code lets them go, so native execution (eager's code) allocates them
+    for a while."""
 
     node: int  # its first ATen node: where in the forward it runs
     outputs: tuple[int, ...]  # the values it allocates

@@ -70,8 +70,9 @@ class Checkpointed:
 @dataclass(frozen=True)
 class NativeOp:
     """An op of the native program: a graph op, or a recompute of one (its outputs copies),
-    or a transient: a forward op whose results nothing reads, which eager runs and frees at
-    once (`core.graph.Transient`; its source the graph op it follows)."""
+    or a transient: a forward op whose results nothing reads, which eager runs anyway
+    (`core.graph.Transient`; its source the graph op it follows), its results freed where
+    the model's Python lets them go."""
 
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
