@@ -63,7 +63,7 @@ def _check(name: str, make) -> strategies.Imported:  # noqa: ANN001
     # on a failure, what the strategy decided (auto-SAC's decisions follow its own timings)
     decided = [(m, sorted(r.cached)) for m, r in zip(imported.modules, imported.regions)]
     differ = [k for k in grads0 if not torch.equal(grads[k], grads0[k])]
-    assert not differ, (differ, decided)
+    assert not differ, f"gradients differ: {differ}\ndecided (region, cached ops): {decided}"
     timeline = imported.timeline
     assert max(s.live for s in timeline) == imported.prediction.peak
     return imported
