@@ -567,7 +567,7 @@ def attention_kernels(device: str = "cpu") -> list[KernelRow]:
                                 m,
                                 dropout,
                                 mask == "causal",
-                                gqa,
+                                enable_gqa=gqa,
                                 device_type=dev.type,
                                 capability=cap,
                             )

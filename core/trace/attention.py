@@ -400,25 +400,18 @@ def _preprocess_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> to
 
 
 def attention_kernel(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    enable_gqa: bool = False,
-    *,
+    *args: Any,
     device_type: str = "cuda",
     capability: tuple[int, int] | None = (9, 0),
     attention: str = "auto",
+    **kwargs: Any,
 ) -> str:
-    """The kernel `F.scaled_dot_product_attention(query, key, value, ...)` runs on a device
-    of `device_type` and compute `capability` by torch's rules, as a plan traced elsewhere
-    for it assumes: "flash", "efficient", "cudnn" or "math". The tensors only lend their
+    """The kernel `F.scaled_dot_product_attention(*args, **kwargs)` runs on a device of
+    `device_type` and compute `capability` by torch's rules, as a plan traced elsewhere for
+    it assumes: "flash", "efficient", "cudnn" or "math". The tensors only lend their
     shapes, dtypes, strides and whether they need gradients (meta tensors do);
     `attention` is the kernel assumed first ("auto": torch's order)."""
-    call = _Call(query, key, value, attn_mask, float(dropout_p), is_causal, None, enable_gqa)
-    return select(call, Target(device_type, capability, attention))[0]
+    return select(_bind(*args, **kwargs), Target(device_type, capability, attention))[0]
 
 
 class AttentionMode(TorchFunctionMode):
