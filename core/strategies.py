@@ -111,6 +111,8 @@ class Imported:
     problem: Problem = field(repr=False, compare=False)
     running: Mechanism = field(repr=False, compare=False)
     bound: int | None = None  # auto-SAC: its own predicted peak bound, bytes
+    # why its gradients differ from eager's, by its own mechanism (empty: they are equal)
+    differs: tuple[str, ...] = ()
 
     @property
     def timeline(self) -> list[Step]:
@@ -258,6 +260,7 @@ def _imported(
     offloaded: frozenset[int] = frozenset(),
     notes: Sequence[str] = (),
     bound: int | None = None,
+    differs: Sequence[str] = (),
 ) -> Imported:
     """The strategy's native program, walked: its prediction."""
     held = python_held(problem)
@@ -277,6 +280,7 @@ def _imported(
         problem,
         running,
         bound,
+        tuple(differs),
     )
 
 
@@ -703,8 +707,17 @@ def autosac(
     solution = solve_autosac(
         model, layers, want, args, kwargs or {}, problem.loss_fn, targets, stats=stats
     )
+    return autosac_imported(problem, layers, solution, want)
+
+
+def autosac_imported(
+    problem: Problem, layers: Sequence[str], solution: AutoSacSolution, want: int
+) -> Imported:
+    """auto-SAC's decisions for `layers` as a strategy: each decided layer checkpointed with
+    its per-op policy, predicted, and checked against the random-op rule (`random_conflict`):
+    where a decision breaks it, `differs` says why its gradients are not eager's."""
     nodes = problem.graph.trace.nodes
-    regions, chosen, notes = [], [], []
+    regions, chosen, notes, differs = [], [], [], []
     for layer in layers:
         decided = solution.decisions.get(layer)
         if decided is None:
@@ -722,8 +735,12 @@ def autosac(
         ]
         regions.append(region(problem, layer, saved))
         chosen.append(layer)
+        conflict = random_conflict(problem, order, saved)
+        if conflict is not None:
+            differs.append(f"{layer}: {conflict}")
     if solution.bound < 0:
         notes.append(f"sac_milp found no solution at {want:,} B: nothing checkpointed")
+    notes += [f"gradients differ from eager's: {d}" for d in differs]
     policies: dict[str, Callable[[], Callable[..., CheckpointPolicy]]] = {
         layer: functools.partial(autosac_policy, tuple(solution.decisions[layer]))
         for layer in chosen
@@ -738,7 +755,48 @@ def autosac(
         functools.partial(_wrapped_running, layers=tuple(chosen), policies=policies),
         notes=notes,
         bound=bound,
+        differs=differs,
     )
+
+
+def random_conflict(problem: Problem, order: Sequence[int], saved: Sequence[bool]) -> str | None:
+    """Why a selective policy saving the nodes `saved` of `order` (a region's policy ops)
+    changes the region's random numbers, or None when its recompute draws as the forward did.
+
+    Checkpoint restores the RNG state at the region's start and the recompute reruns the
+    unsaved ops in order. A random op comes out right when all its nodes are served from the
+    cache (it draws nothing), or when every in-place node of it reruns (CPU dropout is
+    `empty_like`, `bernoulli_`, `div_`: the kernel keeps using its `empty_like` buffer, so
+    a cached in-place node leaves it unwritten or written twice). A random op served from the
+    cache before one that draws again shifts the later one's draw."""
+    graph = problem.graph
+    op_of = {n: op.index for op in graph.ops for n in op.nodes}
+    nodes = graph.trace.nodes
+    by_op: dict[int, list[tuple[int, bool]]] = {}
+    for n, s in zip(order, saved):
+        o = op_of.get(n)
+        if o is not None and graph.ops[o].random:
+            by_op.setdefault(o, []).append((n, s))
+    cached_before = None
+    for o, members in sorted(by_op.items()):
+        name = graph.ops[o].name
+        if all(s for _, s in members):
+            cached_before = cached_before or name
+            continue
+        written = [s for n, s in members if _writes_in_place(nodes[n].target)]
+        if any(written):
+            return f"{name} is saved in part: its recompute runs some of its in-place writes"
+        if cached_before is not None:
+            return (
+                f"{cached_before} is saved and {name} after it recomputed: the recompute "
+                "draws other random numbers"
+            )
+    return None
+
+
+def _writes_in_place(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def _autosac_skipped() -> frozenset[Any]:
