@@ -64,6 +64,9 @@ class GraphMeta:
     # torch can dispatch other ops (autocast's casts, attention kernels), and a plan's
     # mismatch says so
     torch_version: str = ""
+    # each ATen op of the trace as "label@module" (`core.trace.op_sequence`): a mismatch
+    # names the first ops that differ ("" module: outside the model's forward)
+    ops: tuple[str, ...] = ()
 
     @property
     def call_spec(self) -> CallSpec | None:
@@ -84,6 +87,8 @@ class GraphMeta:
         }
         if self.call is not None:
             data["call"] = self.call
+        if self.ops:
+            data["ops"] = list(self.ops)
         return data
 
     def to_data(self) -> dict[str, Any]:
@@ -119,4 +124,5 @@ class GraphMeta:
             device=DeviceModel.from_data(data.get("device")),
             values=tuple((int(i), tuple(map(int, v))) for i, v in data.get("values", [])),
             torch_version=str(data.get("torch", "")),
+            ops=tuple(map(str, data.get("ops", []))),
         )

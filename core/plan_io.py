@@ -277,7 +277,17 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
     if (
         not isinstance(meta, dict)
         or set(meta)
-        - {"call", "autocast", "loss_head", "optimizer", "costs", "device", "values", "torch"}
+        - {
+            "call",
+            "autocast",
+            "loss_head",
+            "optimizer",
+            "costs",
+            "device",
+            "values",
+            "torch",
+            "ops",
+        }
         != fields
     ):
         raise bad("expected params, state, inputs, n_nodes, call and autocast")
@@ -330,6 +340,12 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         _check_device(meta["device"], bad)
     if "torch" in meta and not (_is_text(meta["torch"]) and len(meta["torch"]) <= 64):
         raise bad("torch is not a version string")
+    if "ops" in meta and not (
+        isinstance(meta["ops"], list)
+        and len(meta["ops"]) <= MAX_OPS
+        and all(_is_text(o) and len(o) <= 512 for o in meta["ops"])
+    ):
+        raise bad("ops is not a list of op names")
     if "values" in meta:  # the example's small integer inputs: [[position, [ints]], ...]
         values = meta["values"]
         if not (

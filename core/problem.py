@@ -21,7 +21,16 @@ from core.graph import Graph, build_graph
 from core.graph_meta import CostRecord, GraphMeta
 from core.optimizer_step import OptimizerStep
 from core.simulator import Link, simulate, store_all_program
-from core.trace import Autocast, CallSpec, capture, fake_call, fingerprint, graph_meta, split_call
+from core.trace import (
+    Autocast,
+    CallSpec,
+    capture,
+    fake_call,
+    fingerprint,
+    graph_meta,
+    op_sequence,
+    split_call,
+)
 from core.trace.attention import Choice
 from core.trace.attention import describe as describe_attention
 from core.trace.call import small_int_values
@@ -272,6 +281,7 @@ def analyze(
             for i, v in small_int_values(split_call(args, kwargs or {}, targets)[0]).items()
         ),
         torch_version=str(torch.__version__),
+        ops=op_sequence(trace),
     )
     return Problem(
         graph,

@@ -139,9 +139,9 @@ def real_storage_bytes(
     dispatch modes do not reach the runs, nor do the runs reach them.
     """
     sizes = dict(traced)
-    for node in nodes:  # results that live on the host: no device bytes
-        for position in _host_results(node):
-            sizes[node.storages[position]] = 0
+    host = {node.storages[p] for node in nodes for p in _host_results(node)}
+    for storage in host:  # results that live on the host: no device bytes, probed or not
+        sizes[storage] = 0
     runs: dict[tuple, list[tuple[int, int]] | None] = {}
     with _probing(vals):
         for node in nodes:
@@ -155,6 +155,8 @@ def real_storage_bytes(
             if real is None:
                 continue
             for storage, positions in fresh.items():
+                if storage in host:
+                    continue
                 distinct = {real[i][0]: real[i][1] for i in positions}
                 if -1 not in distinct:  # a result aliasing an input: keep the traced size
                     sizes[storage] = sum(distinct.values())

@@ -5,6 +5,7 @@ hashes makes every saved plan refuse to load."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from typing import Any
 
@@ -64,9 +65,46 @@ def describe_difference(trace: Trace, meta: dict[str, Any]) -> str:
     ):
         if key in meta and meta[key] != mine[key]:
             return f"{what} differ: plan has {_first_difference(meta[key], mine[key])}"
+    count = ""
     if meta.get("n_nodes") not in (None, mine["n_nodes"]):
-        return f"the traced graph has {mine['n_nodes']} ATen ops, the plan's had {meta['n_nodes']}"
-    return "the traced operations differ (same shapes, different model code)"
+        count = f"the traced graph has {mine['n_nodes']} ATen ops, the plan's had {meta['n_nodes']}"
+    where = _first_op_difference(tuple(meta.get("ops", ())), op_sequence(trace))
+    if count and where:
+        return f"{count}; {where}"
+    return count or where or "the traced operations differ (same shapes, different model code)"
+
+
+def op_sequence(trace: Trace) -> tuple[str, ...]:
+    """Each ATen op of `trace` as "label@module" ("" module: outside the model's forward):
+    what a plan records to name the ops that differ when a trace is not the plan's."""
+    return tuple(f"{n.label}@{n.module or ''}" for n in trace.nodes if n.role == "op")
+
+
+def _first_op_difference(theirs: tuple[str, ...], mine: tuple[str, ...]) -> str:
+    """The first stretch where the plan's op sequence and this trace's part ways, in words
+    ("" when the plan records no sequence or they are the same)."""
+    if not theirs or theirs == mine:
+        return ""
+    matcher = difflib.SequenceMatcher(a=theirs, b=mine, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        plan, here = _ops_in_words(theirs[i1:i2]), _ops_in_words(mine[j1:j2])
+        return (
+            f"from op {j1 + 1} on, the plan's trace ran {plan or 'nothing'} where this one "
+            f"runs {here or 'nothing'}"
+        )
+    return ""
+
+
+def _ops_in_words(ops: tuple[str, ...], most: int = 4) -> str:
+    """'aten.mm (in model.h.0.attn), aten.add (...)', at most `most` named."""
+    named = []
+    for entry in ops[:most]:
+        label, _, module = entry.partition("@")
+        named.append(f"{label} (in {module})" if module else label)
+    more = f" and {len(ops) - most} more" if len(ops) > most else ""
+    return ", ".join(named) + more
 
 
 def _first_difference(theirs: list, mine: list) -> str:

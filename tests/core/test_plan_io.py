@@ -169,6 +169,25 @@ def test_a_plan_for_a_step_of_other_ops_says_what_differs() -> None:
         core.apply_plan(model, saved)
 
 
+def test_a_mismatch_names_the_first_ops_that_differ() -> None:
+    """The plan records its op sequence: a refusal names where the traces part ways, op and
+    module (on the H200, the laptop plans of HF models were refused by an op count only)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    problem = core.analyze(model, (torch.randn(4, 8),))
+    data = core.solve(problem, 1.0).to_data()
+    assert data["graph_meta"]["ops"][:2] == ["aten.t@0", "aten.addmm@0"]
+    saved = core.SavedPlan.from_data(data)
+    model[1] = torch.nn.GELU()
+    with pytest.raises(core.PlanMismatch) as caught:
+        core.apply_plan(model, saved)
+    message = str(caught.value)
+    assert (
+        "from op 3 on, the plan's trace ran aten.relu (in 1), aten.detach (in 1) where " in message
+    )
+    assert "where this one runs aten.gelu (in 1): make a new plan" in message
+
+
 def test_a_plan_records_its_torch_and_a_mismatch_names_another(monkeypatch) -> None:
     """Another torch can dispatch other ops (on the H200, torch 2.11's CUDA autocast cast
     around cross-entropy where 2.13's lists do not): the refusal says which torch made it."""

@@ -157,6 +157,26 @@ def test_efficient_attention_keeps_its_seed_on_the_host():
         assert seed == offset == 0
 
 
+def test_a_probed_host_seed_still_counts_no_device_bytes(monkeypatch) -> None:
+    """On the GPU the probe runs the efficient attention forward for real, and its seed and
+    offset come back as 8-byte host tensors: they stay at 0 device bytes (the H200 measured
+    the 12 phantom blocks again, -5,632 B, while the probe gave them their host size)."""
+    from core.trace import convert
+
+    def host_probe(node, vals):  # noqa: ANN001, ANN202
+        return [(10_000 + node.index * 8 + i, 8) for i in range(len(node.storages))]
+
+    monkeypatch.setattr(convert, "_probeable", lambda node, vals: bool(convert._host_results(node)))
+    monkeypatch.setattr(convert, "_probe", host_probe)
+    graph = _analyze(_gpt2(torch.float32), device="h100").graph
+    calls = [op for op in graph.ops if op.label == EFFICIENT]
+    assert len(calls) == LAYERS
+    for op in calls:
+        out, lse, seed, offset = (graph.values[v].nbytes for v in op.outputs)
+        assert out == lse == 512  # the probe's 8 B taken (a 512 B block) where on the device
+        assert seed == offset == 0
+
+
 def test_grouped_query_attention():
     """Flash takes grouped-query heads (enable_gqa: key and value keep 2 heads, and so do
     their gradients). fp32 takes math here, and the note says the trace holds the s x s
