@@ -27,7 +27,7 @@ from core.plan import Plan, SavedPlan
 from core.plan_io import check_graph_meta
 from core.problem import Problem, trace_recorded
 from core.simulator import Simulation
-from core.trace import TensorSpec, describe_difference
+from core.trace import TensorSpec, describe_difference, other_libraries
 from core.trace.device import DeviceModel
 from core.validate import check_program
 
@@ -112,6 +112,7 @@ def retrace(
             "the model's traced operations differ from the plan's: "
             + describe_difference(e.trace, meta.trace_data())
             + _other_torch(meta)
+            + other_libraries(meta.libraries, model)
             + ": make a new plan for this model here"
         ) from None
     except UnsupportedModel as e:
@@ -124,6 +125,7 @@ def retrace(
             "the model's traced operations differ from the plan's: "
             + describe_difference(problem.graph.trace, meta.trace_data())
             + _other_torch(meta)
+            + other_libraries(meta.libraries, model)
             + ": make a new plan for this model"
         )
     return problem

@@ -67,6 +67,8 @@ class GraphMeta:
     # each ATen op of the trace as "label@module" (`core.trace.op_sequence`): a mismatch
     # names the first ops that differ ("" module: outside the model's forward)
     ops: tuple[str, ...] = ()
+    # the packages the model's modules come from, with versions (`core.trace.model_libraries`)
+    libraries: tuple[str, ...] = ()
 
     @property
     def call_spec(self) -> CallSpec | None:
@@ -106,6 +108,8 @@ class GraphMeta:
             data["values"] = [[i, list(v)] for i, v in self.values]
         if self.torch_version:
             data["torch"] = self.torch_version
+        if self.libraries:
+            data["libraries"] = list(self.libraries)
         return data
 
     @staticmethod
@@ -125,4 +129,5 @@ class GraphMeta:
             values=tuple((int(i), tuple(map(int, v))) for i, v in data.get("values", [])),
             torch_version=str(data.get("torch", "")),
             ops=tuple(map(str, data.get("ops", []))),
+            libraries=tuple(map(str, data.get("libraries", []))),
         )

@@ -287,6 +287,7 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
             "values",
             "torch",
             "ops",
+            "libraries",
         }
         != fields
     ):
@@ -346,6 +347,12 @@ def check_graph_meta(meta: Any, name: str = "the plan") -> None:
         and all(_is_text(o) and len(o) <= 512 for o in meta["ops"])
     ):
         raise bad("ops is not a list of op names")
+    if "libraries" in meta and not (
+        isinstance(meta["libraries"], list)
+        and len(meta["libraries"]) <= 64
+        and all(_is_text(e) and len(e) <= 128 for e in meta["libraries"])
+    ):
+        raise bad("libraries is not a list of package versions")
     if "values" in meta:  # the example's small integer inputs: [[position, [ints]], ...]
         values = meta["values"]
         if not (

@@ -28,6 +28,7 @@ from core.trace import (
     fake_call,
     fingerprint,
     graph_meta,
+    model_libraries,
     op_sequence,
     split_call,
 )
@@ -282,6 +283,7 @@ def analyze(
         ),
         torch_version=str(torch.__version__),
         ops=op_sequence(trace),
+        libraries=model_libraries(model),
     )
     return Problem(
         graph,

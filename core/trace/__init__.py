@@ -8,7 +8,8 @@ The parts, in the order they import each other:
 - `op_schema`: what an op's schema says it writes, and what it leaves out (`aliases_schema_write`,
   `undeclared_writes`, `fast_callable`, `user_frame`);
 - `identity`: what a plan file records about its graph (`graph_meta`, `fingerprint`,
-  `describe_difference`, `op_sequence`);
+  `describe_difference`, `op_sequence`,
+  `model_libraries`);
 - `functionalize`: in-place ops on tensors already read, rewritten out of place;
 - `scope`: which submodule runs while tracing; failures as `UnsupportedModel`;
 - `attention`: the kernel `scaled_dot_product_attention` runs on a device, by torch's rules,
@@ -29,7 +30,14 @@ flag). A torch upgrade should touch this package and those three files, no other
 from core.trace.autocast import Autocast, autocast_off
 from core.trace.call import CallSpec, fake_call, join_call, split_call, unflatten_output
 from core.trace.capture import capture
-from core.trace.identity import describe_difference, fingerprint, graph_meta, op_sequence
+from core.trace.identity import (
+    describe_difference,
+    fingerprint,
+    graph_meta,
+    model_libraries,
+    op_sequence,
+    other_libraries,
+)
 from core.trace.module_state import ModuleState, Watch
 from core.trace.nodes import ROLES, AtenNode, Ref, TensorSpec, Trace
 from core.trace.op_schema import aliases_schema_write, fast_callable, undeclared_writes, user_frame
@@ -50,7 +58,9 @@ __all__ = [
     "describe_difference",
     "fast_callable",
     "fingerprint",
+    "model_libraries",
     "op_sequence",
+    "other_libraries",
     "graph_meta",
     "fake_call",
     "join_call",

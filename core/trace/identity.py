@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.metadata
 from typing import Any
 
 import torch
@@ -72,6 +73,34 @@ def describe_difference(trace: Trace, meta: dict[str, Any]) -> str:
     if count and where:
         return f"{count}; {where}"
     return count or where or "the traced operations differ (same shapes, different model code)"
+
+
+def model_libraries(model: torch.nn.Module) -> tuple[str, ...]:
+    """The installed packages the model's modules come from, with their versions
+    ("transformers 5.24.0"), torch aside: their code decides the ops a step runs (a plan
+    made with one transformers can meet another's mask code)."""
+    found: dict[str, str] = {}  # package -> version ("" for the user's own code)
+    for module in model.modules():
+        top = type(module).__module__.partition(".")[0]
+        if top == "torch" or top in found:
+            continue
+        try:
+            found[top] = importlib.metadata.version(top)
+        except importlib.metadata.PackageNotFoundError:
+            found[top] = ""
+    return tuple(sorted(f"{top} {version}" for top, version in found.items() if version))
+
+
+def other_libraries(recorded: tuple[str, ...], model: torch.nn.Module) -> str:
+    """'; the plan was traced with transformers 5.24.0, this is transformers 5.17.0' for
+    each recorded package whose installed version differs now ("" when none does)."""
+    now = {entry.partition(" ")[0]: entry for entry in model_libraries(model)}
+    said = [
+        f"; the plan was traced with {entry}, this is {now[entry.partition(' ')[0]]}"
+        for entry in recorded
+        if entry.partition(" ")[0] in now and now[entry.partition(" ")[0]] != entry
+    ]
+    return "".join(said)
 
 
 def op_sequence(trace: Trace) -> tuple[str, ...]:

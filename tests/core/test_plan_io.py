@@ -200,3 +200,29 @@ def test_a_plan_records_its_torch_and_a_mismatch_names_another(monkeypatch) -> N
     model[1] = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())
     with pytest.raises(core.PlanMismatch, match=r"traced with torch 2\.11\.0\+cu130, this is"):
         core.apply_plan(model, saved)
+
+
+def test_a_mismatch_names_another_version_of_the_models_library() -> None:
+    """The plan records the packages the model comes from: on the H200 (transformers 5.17)
+    a plan made here (5.24) met other mask code (`fast_all`'s `sum`, `eq` where 5.17 runs
+    `all`), and the refusal now says which versions made and met it."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = GPT2Model(config)
+    ids = torch.randint(0, 32, (2, 8))
+    problem = core.analyze(model, (ids,), {"use_cache": False})
+    data = core.solve(problem, 1.0).to_data()
+    import transformers
+
+    assert data["graph_meta"]["libraries"] == [f"transformers {transformers.__version__}"]
+    data["graph_meta"]["libraries"] = ["transformers 5.17.0"]
+    data["fingerprint"] = "0" * 32  # the other version's trace: other ops
+    saved = core.SavedPlan.from_data(data)
+    with pytest.raises(core.PlanMismatch) as caught:
+        core.apply_plan(model, saved)
+    assert (
+        f"the plan was traced with transformers 5.17.0, this is transformers "
+        f"{transformers.__version__}" in str(caught.value)
+    )
