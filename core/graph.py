@@ -134,7 +134,7 @@ def build_graph(trace: Trace) -> Graph:
     prologue: list[int] = []
     placeholder_storage: set[int] = set()
 
-    backward_begins = _backward_begins(trace)
+    backward_begins = first_backward_node(trace)
     updating: dict[int, int] = {}  # placeholder storage written in the backward -> its group
 
     for node in nodes:
@@ -204,8 +204,9 @@ def build_graph(trace: Trace) -> Graph:
     return Graph(trace, ops, values, rest, of_tangent, frozenset(final), transients)
 
 
-def _backward_begins(trace: Trace) -> int:
-    """The first node reading the incoming gradient (the tangents)."""
+def first_backward_node(trace: Trace) -> int:
+    """The first node reading the incoming gradient (the tangents): every op before it is
+    the forward's, the loss's included."""
     nodes = trace.nodes
     tangents = {s for n in nodes if n.role == "tangent" for s in n.storages}
     return next(

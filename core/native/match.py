@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from core.graph import first_backward_node
 from core.trace.nodes import Trace
 
 # make_fx records `lift_fresh` (a tensor made from Python data) as `lift_fresh_copy`
@@ -29,11 +30,15 @@ def traced_as(op: Any) -> Any:
 def align(trace: Trace, ops: list[Any]) -> list[tuple[int, int]]:
     """(probe op, traced forward node) pairs running the same ATen op, in order: each traced
     node matched to the next probe op with its target (`ops` named by `traced_as`; the probe
-    runs ops the trace does not record, such as fake-tensor metadata queries)."""
+    runs ops the trace does not record, such as fake-tensor metadata queries). The forward
+    is the model's ops and the loss's (ops outside every module before the backward)."""
     pairs: list[tuple[int, int]] = []
     k = 0
+    backward = first_backward_node(trace)
     for n in trace.nodes:
-        if n.role != "op" or n.module is None or n.target is operator.getitem:
+        if n.role != "op" or n.target is operator.getitem:
+            continue
+        if n.module is None and n.index >= backward:
             continue
         j, end = k, min(len(ops), k + WINDOW)
         while j < end and ops[j] != n.target:
