@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -194,7 +195,13 @@ def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
     """`module.forward` run under non-reentrant checkpoint with the region's selective
     policy. The context function is a plain function (torch.compile takes it as it is; a
     partial would have to be a constant) making a fresh policy for each run. A recompute
-    leaves batch-norm's running statistics alone (eager updates them once)."""
+    leaves batch-norm's running statistics alone (eager updates them once).
+
+    A region that saves nothing runs as plain checkpoint (no policy: selective
+    checkpoint's dispatch mode costs Python per op, most of a millisecond step) once a
+    policy run matched its ops to the trace for the same call: the same autocast state and
+    tensor arguments (`_call_signature`; the module's own state is `Watch`'s). Another
+    call is matched op by op again."""
     forward = module.forward
     made: list[_Policy] = []
     refuse_kv_cache = kv_cache_guard(region.module, forward)
@@ -207,6 +214,9 @@ def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
     def contexts() -> tuple[Any, Any]:
         made[:] = [_Policy(region)]
         return create_selective_checkpoint_contexts(made[0], allow_cache_entry_mutation=True)
+
+    saves_nothing = not any(region.save)
+    verified: list[tuple[Any, ...]] = []  # the call a policy run matched to the trace
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -224,12 +234,27 @@ def _wrapped(region: Region, module: nn.Module) -> Callable[..., Any]:
             with stats.aside():  # the recompute
                 return forward(*a, **k)
 
-        out = checkpoint(counted, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-        made[0].check_done()
+        call = _call_signature(args, kwargs) if saves_nothing else ()
+        if saves_nothing and verified and verified[0] == call:
+            out = checkpoint(counted, *args, use_reentrant=False, **kwargs)
+        else:
+            out = checkpoint(counted, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+            made[0].check_done()
+            verified[:] = [call]
         watch.check()  # ops alike, other Python state: another dropout p, a switched flag
         return out
 
     return run
+
+
+def _call_signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """What decides a region's ops beside its module's state (which `Watch` checks): the
+    autocast state and each tensor argument's shape, dtype and device."""
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return (
+        *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")),
+        *((t.shape, t.dtype, t.device) for t in tensors),
+    )
 
 
 class NativeHandle:
