@@ -26,6 +26,7 @@ import argparse
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -358,8 +359,8 @@ def validate_model(
             rows += _failed_rows(spec.name, precision, f"not analysed: {_refusal(e)}")
             continue
         log(
-            f"{spec.name} {precision}: analysed, {len(problem.graph.ops)} ops; eager against "
-            f"eager: {spread}"
+            f"{spec.name} {precision}: analysed, {len(problem.graph.ops)} ops"
+            f"{_attention_ops(problem)}; eager against eager: {spread}"
         )
         for strategy, plan in _plans(problem).items():
             for runtime in RUNTIMES:
@@ -420,7 +421,10 @@ def _planned_on_cpu(
             for s in STRATEGIES
             for r in RUNTIMES
         ]
-    log(f"{spec.name} {precision}: analysed on the CPU for {preset}, {len(problem.graph.ops)} ops")
+    log(
+        f"{spec.name} {precision}: analysed on the CPU for {preset}, "
+        f"{len(problem.graph.ops)} ops{_attention_ops(problem)}"
+    )
     for strategy, plan in _plans(problem).items():
         for runtime in RUNTIMES:
             row = Result(spec.name, precision, strategy, runtime, traced="cpu")
@@ -600,6 +604,18 @@ def format_kernels(rows: Sequence[KernelRow]) -> str:
 
 def _same(r: KernelRow) -> bool:
     return r.ran == r.predicted or (r.predicted == "math" and r.ran.startswith("math"))
+
+
+def _attention_ops(problem: Problem) -> str:
+    """', attention kernels traced: aten._scaled_dot_product_cudnn_attention x 6' (the
+    forward kernels the trace holds: on a GPU, torch's own pick at trace time)."""
+    found = Counter(
+        n.label
+        for n in problem.graph.trace.nodes
+        if "attention" in n.label and not n.label.endswith("backward")
+    )
+    said = ", ".join(f"{label} x {count}" for label, count in sorted(found.items()))
+    return f", attention kernels traced: {said}" if said else ""
 
 
 def _failed_rows(model: str, precision: str, note: str) -> list[Result]:
