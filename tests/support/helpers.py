@@ -9,7 +9,7 @@ import functools
 import gc
 import logging
 import os
-import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
@@ -77,18 +77,18 @@ def assert_same_grads(got: dict, want: dict) -> float:
     return worst
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now: a gloo rendezvous's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> str:
+    """A fresh file for a gloo group's rendezvous (a `FileStore`): no TCP port to race for.
+    A port found free and bound later was taken in between by another suite's group on a
+    busy machine (EADDRINUSE in a fresh-clone CI run beside two others)."""
+    return os.path.join(tempfile.mkdtemp(prefix="remat-gloo-"), "store")
 
 
 @contextlib.contextmanager
-def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
-    """This process as `rank` of a gloo group on 127.0.0.1:`port`, 1 thread, torn down after."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def gloo_group(rank: int, world: int, store: str) -> Iterator[None]:
+    """This process as `rank` of a gloo group meeting at the file `store`, 1 thread, torn
+    down after."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         yield
@@ -117,14 +117,14 @@ def zoo_step(case, run=None, seed: int = 3) -> tuple[int, int, torch.Tensor, dic
 
 
 def gloo_worker(body: Callable[..., None]) -> Callable[..., None]:
-    """An `mp.spawn` target: `worker(rank, world, port, *args)` runs `body(rank, world,
+    """An `mp.spawn` target: `worker(rank, world, store, *args)` runs `body(rank, world,
     *args)` as `rank` of a gloo group and collects what `body` made before the group is torn
     down: a sharded model's pending gloo work must not outlive its process group (a rank
     aborted at teardown once, "terminate called without an active exception")."""
 
     @functools.wraps(body)
-    def worker(rank: int, world: int, port: int, *args: object) -> None:
-        with gloo_group(rank, world, port):
+    def worker(rank: int, world: int, store: str, *args: object) -> None:
+        with gloo_group(rank, world, store):
             body(rank, world, *args)
             gc.collect()
 

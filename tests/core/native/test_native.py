@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, gloo_worker
+from helpers import gloo_worker, rendezvous
 from native_cases import case as _case
 from native_cases import plans as _plans
 from native_cases import step as _step
@@ -155,7 +155,7 @@ def _fsdp_worker(rank: int, world: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_native_fsdp2_gradients_equal_fsdp2_eager(tmp_path):
-    mp.spawn(_fsdp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_fsdp_worker, args=(2, rendezvous(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         eager, native, predicted = map(int, (tmp_path / f"ok{rank}").read_text().split())
         print(f"rank {rank}: FSDP2 eager {eager} native {native} predicted {predicted}")

@@ -50,7 +50,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import free_port, gloo_worker
+from helpers import gloo_worker, rendezvous
 from torch._C._profiler import _EventType
 from torch.distributed.tensor import DTensor
 
@@ -190,7 +190,7 @@ def test_native_fsdp2_per_rank_peak_follows_the_rule(tmp_path):
         for label, plan in _plans(model, inputs).items():
             planned, _ = build("gpt-tiny")
             single[label] = _peak(core.apply_plan(planned, plan, runtime="native"), inputs, 100)
-        mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, rendezvous(), str(tmp_path)), nprocs=2, join=True)
     finally:
         torch.set_num_threads(threads)
     ranks = [

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import free_port, gloo_worker
+from helpers import gloo_worker, rendezvous
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import core
@@ -33,5 +33,5 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_ddp_gradients_equal_plain_ddp(tmp_path):
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, rendezvous(), str(tmp_path)), nprocs=2, join=True)
     assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()

@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import SEED_BYTES, free_port, gloo_worker
+from helpers import SEED_BYTES, gloo_worker, rendezvous
 from torch.distributed.device_mesh import init_device_mesh
 
 import core
@@ -155,7 +155,7 @@ def _spawn(
     """Per rank: (measured peak, predicted peak, largest all-reduced activation, largest
     gradient difference, ops the native plan recomputes)."""
     world = dp * tp
-    args = (world, free_port(), name, dp, tp, str(tmp_path), memory)
+    args = (world, rendezvous(), name, dp, tp, str(tmp_path), memory)
     mp.spawn(_worker, args=args, nprocs=world, join=True)
     rows = []
     for r in range(world):
