@@ -783,8 +783,7 @@ def random_conflict(problem: Problem, order: Sequence[int], saved: Sequence[bool
         if all(s for _, s in members):
             cached_before = cached_before or name
             continue
-        written = [s for n, s in members if _writes_in_place(nodes[n].target)]
-        if any(written):
+        if any(s for n, s in members if nodes[n].writes):  # a cached in-place node
             return f"{name} is saved in part: its recompute runs some of its in-place writes"
         if cached_before is not None:
             return (
@@ -792,11 +791,6 @@ def random_conflict(problem: Problem, order: Sequence[int], saved: Sequence[bool
                 "draws other random numbers"
             )
     return None
-
-
-def _writes_in_place(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    return bool(schema is not None and schema.is_mutable)
 
 
 def _autosac_skipped() -> frozenset[Any]:
